@@ -1,0 +1,51 @@
+"""idmint: short, unique integer ids from the databases you already run.
+
+    import idmint
+
+    minter = idmint.connect()                  # sqlite:///./idmint.db
+    minter.add_key("order", start=100_000_000)
+    orders = minter.segment("order")
+    orders.next_id()
+    minter.close()                             # gives unused ids back
+"""
+
+from ._errors import (
+    Closed,
+    DriverMissing,
+    Exhausted,
+    IdmintError,
+    InvalidArgument,
+    KeyExists,
+    KeyNotFound,
+    StoreUnavailable,
+)
+from ._minter import Minter, connect
+from .ids import ID_MAX, UINT31_MAX, Key, Range
+from .stores import DEFAULT_STORE_URL, RangeStore, open_store
+from .strategies.segment import SegmentGenerator, SegmentOptions, SegmentStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "ID_MAX",
+    "UINT31_MAX",
+    "Closed",
+    "DriverMissing",
+    "Exhausted",
+    "IdmintError",
+    "InvalidArgument",
+    "Key",
+    "KeyExists",
+    "KeyNotFound",
+    "Minter",
+    "Range",
+    "RangeStore",
+    "SegmentGenerator",
+    "SegmentOptions",
+    "SegmentStats",
+    "StoreUnavailable",
+    "__version__",
+    "connect",
+    "open_store",
+]

@@ -1,0 +1,61 @@
+"""The one exception hierarchy of idmint.
+
+    IdmintError
+     ├── InvalidArgument        bad input: a key name, a count, an option, a store URL (also ValueError)
+     │    └── DriverMissing      the store's driver is not installed: names the extra to install
+     ├── KeyNotFound            the key is not in the store (also LookupError)
+     ├── KeyExists              `add` of a key that is already there
+     ├── Exhausted              a bounded key has no ids left
+     ├── StoreUnavailable       the store cannot be reached or did not answer in time; transient
+     └── Closed                 the generator or minter was closed
+
+Every message says what happened and, where there is one, what to do about it. Messages are
+single lines so the CLI and the server can pass them on to a user unchanged.
+"""
+
+from __future__ import annotations
+
+
+class IdmintError(Exception):
+    """Base class of every error idmint raises on purpose."""
+
+
+class InvalidArgument(IdmintError, ValueError):
+    """An argument is out of range or malformed; nothing was changed."""
+
+
+class DriverMissing(InvalidArgument):
+    """The Python driver for a store URL's scheme is not installed."""
+
+
+class KeyNotFound(IdmintError, LookupError):
+    """The key does not exist in the store."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} not found; create it with `idmint keys add {key}`")
+        self.key = key
+
+
+class KeyExists(IdmintError):
+    """A key with this name already exists."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} already exists")
+        self.key = key
+
+
+class Exhausted(IdmintError):
+    """A bounded key has handed out every id up to its maximum."""
+
+    def __init__(self, key: str, last_id: int) -> None:
+        super().__init__(f"key {key!r} is exhausted: every id up to its maximum {last_id} is used")
+        self.key = key
+        self.last_id = last_id
+
+
+class StoreUnavailable(IdmintError):
+    """The store could not be reached, failed, or did not answer within the bound."""
+
+
+class Closed(IdmintError):
+    """The generator or minter was closed; open a new one."""

@@ -1,0 +1,122 @@
+"""The public entry point: a store URL in, key administration and generators out."""
+
+from __future__ import annotations
+
+import threading
+
+from ._errors import Closed, InvalidArgument
+from .ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, Key, Range, check_count, check_key_bounds, check_key_name
+from .stores import DEFAULT_TIMEOUT, open_store
+from .stores.base import RangeStore
+from .strategies.segment import SegmentGenerator, SegmentOptions
+
+
+class Minter:
+    """Keys and id generators on one store. Thread-safe; close it (or use `with`) when done.
+
+        with idmint.connect("postgresql://app@db/app") as minter:
+            minter.add_key("order", step=1000, start=100_000_000)
+            orders = minter.segment("order")
+            orders.next_id()
+    """
+
+    def __init__(self, store: RangeStore, *, segment_options: SegmentOptions | None = None) -> None:
+        self.store = store
+        self.segment_options = segment_options or SegmentOptions()
+        self._segments: dict[str, SegmentGenerator] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The store's URL, without its password."""
+        return self.store.display_url
+
+    def init(self) -> None:
+        """Create the store's schema if it is missing (it is also created on first use)."""
+        self.store.init()
+
+    def add_key(
+        self,
+        name: str,
+        *,
+        step: int = DEFAULT_STEP,
+        start: int = DEFAULT_FIRST_ID,
+        max: int = ID_MAX,  # noqa: A002 - the CLI's --max, kept the same name
+        description: str = "",
+    ) -> Key:
+        """Create a key whose ids run from `start` to `max` (2**31 - 1 for a 32-bit key),
+        taken from the store `step` at a time (the dynamic step grows from there)."""
+        check_key_name(name)
+        check_key_bounds(step, start, max)
+        if len(description) > 256:
+            raise InvalidArgument("description must be at most 256 characters")
+        return self.store.add_key(
+            name, step=step, first_id=start, last_id=max, description=description
+        )
+
+    def key(self, name: str) -> Key:
+        """The key's row in the store. Raises KeyNotFound."""
+        return self.store.get_key(check_key_name(name))
+
+    def keys(self) -> list[Key]:
+        """Every key in the store, sorted by name."""
+        return self.store.list_keys()
+
+    def raise_floor(self, name: str, to: int) -> Key:
+        """Make every range taken from now on start at or above `to` (for keys that must stay
+        above imported legacy ids). Only moves up; ranges already held are served out first."""
+        return self.store.raise_floor(check_key_name(name), to)
+
+    def take(self, name: str, count: int) -> Range:
+        """Take `count` ids as one range straight from the store (fewer at a bounded key's end).
+        No buffering: for one-off batches and for handing ranges to clients."""
+        check_count(count)
+        return self.store.allocate(check_key_name(name), count).range
+
+    def segment(self, name: str, options: SegmentOptions | None = None) -> SegmentGenerator:
+        """The segment generator of a key: one per key and minter, made on first call (the
+        options apply then). An unknown key raises KeyNotFound on the first `next_id()`."""
+        check_key_name(name)
+        with self._lock:
+            if self._closed:
+                raise Closed("the minter is closed")
+            gen = self._segments.get(name)
+            if gen is None or gen.stats().closed:
+                gen = SegmentGenerator(self.store, name, options or self.segment_options)
+                self._segments[name] = gen
+            return gen
+
+    def generators(self) -> list[SegmentGenerator]:
+        """The generators made so far, for metrics."""
+        with self._lock:
+            return list(self._segments.values())
+
+    def close(self) -> None:
+        """Close every generator (giving unused tails back), then the store."""
+        with self._lock:
+            self._closed = True
+            generators, self._segments = list(self._segments.values()), {}
+        for gen in generators:
+            gen.close()
+        self.store.close()
+
+    def __enter__(self) -> Minter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def connect(
+    url: str | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    segment_options: SegmentOptions | None = None,
+) -> Minter:
+    """Open a Minter on a store URL: sqlite:///path, postgresql://..., mysql://..., memory://.
+
+    The default is $IDMINT_STORE, then sqlite:///./idmint.db. Connecting is lazy: an
+    unreachable store is reported by the first call that needs it.
+    """
+    return Minter(open_store(url, timeout=timeout), segment_options=segment_options)

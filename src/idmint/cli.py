@@ -1,0 +1,202 @@
+"""The `idmint` command. A thin shell: parse, call the Minter, print.
+
+Errors print one line on stderr, never a traceback. Exit codes: 0 done, 1 the store failed or a
+key is exhausted (try again later, or look at the store), 2 bad input (a usage error, a bad URL,
+an unknown key, a bad count).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from . import __version__
+from ._errors import Exhausted, IdmintError, InvalidArgument, KeyExists, KeyNotFound
+from ._minter import Minter, connect
+from .ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, UINT31_MAX, Key
+from .stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+BAD_INPUT = (InvalidArgument, KeyNotFound, KeyExists)
+
+
+@contextmanager
+def _minter(ctx: click.Context) -> Iterator[Minter]:
+    minter = connect(ctx.obj["store"], timeout=ctx.obj["timeout"])
+    try:
+        yield minter
+    finally:
+        minter.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--store",
+    envvar="IDMINT_STORE",
+    default=DEFAULT_STORE_URL,
+    show_default=True,
+    metavar="URL",
+    help="Store URL: sqlite:///path, postgresql://..., mysql://... (env IDMINT_STORE).",
+)
+@click.option(
+    "--timeout",
+    envvar="IDMINT_TIMEOUT",
+    type=click.FloatRange(min=0.1, max=600),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="Seconds to wait for the store (env IDMINT_TIMEOUT).",
+)
+@click.version_option(__version__, prog_name="idmint")
+@click.pass_context
+def cli(ctx: click.Context, store: str, timeout: float) -> None:
+    """Mint short, unique integer ids from the databases you already run."""
+    ctx.obj = {"store": store, "timeout": timeout}
+
+
+@cli.command()
+@click.pass_context
+def init(ctx: click.Context) -> None:
+    """Create the store's table (it is also created on first use)."""
+    with _minter(ctx) as minter:
+        minter.init()
+        click.echo(f"initialised {minter.url}")
+
+
+@cli.group()
+def keys() -> None:
+    """Add, list, show and raise keys."""
+
+
+@keys.command("add")
+@click.argument("name")
+@click.option("--step", type=int, default=DEFAULT_STEP, show_default=True,
+              help="Ids per range taken from the store (the dynamic step grows from here).")
+@click.option("--start", type=int, default=DEFAULT_FIRST_ID, show_default=True,
+              help="The first id, e.g. above legacy ids.")
+@click.option("--max", "max_", type=int, default=ID_MAX, show_default=True,
+              help=f"The largest id; {UINT31_MAX} for a 32-bit key.")
+@click.option("--description", default="", help="Free text, up to 256 characters.")
+@click.pass_context
+def keys_add(ctx: click.Context, name: str, step: int, start: int, max_: int, description: str) -> None:
+    """Create key NAME."""
+    with _minter(ctx) as minter:
+        key = minter.add_key(name, step=step, start=start, max=max_, description=description)
+        click.echo(f"added {key.name}: ids {key.first_id}..{key.last_id}, step {key.step}")
+
+
+@keys.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per key.")
+@click.pass_context
+def keys_list(ctx: click.Context, as_json: bool) -> None:
+    """List every key."""
+    with _minter(ctx) as minter:
+        all_keys = minter.keys()
+    if as_json:
+        for key in all_keys:
+            click.echo(json.dumps(_key_dict(key)))
+        return
+    rows = [("KEY", "NEXT", "STEP", "FIRST", "MAX", "REMAINING", "UPDATED")]
+    rows += [
+        (k.name, str(max(k.max_id, k.first_id)), str(k.step), str(k.first_id), str(k.last_id),
+         str(k.remaining), _when(k))
+        for k in all_keys
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@keys.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="As a JSON object.")
+@click.pass_context
+def keys_show(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Show key NAME."""
+    with _minter(ctx) as minter:
+        key = minter.key(name)
+    if as_json:
+        click.echo(json.dumps(_key_dict(key)))
+        return
+    for field, value in _key_dict(key).items():
+        click.echo(f"{field + ':':<13}{value}")
+
+
+@keys.command("raise")
+@click.argument("name")
+@click.option("--to", "to", type=int, required=True, help="Every id from now on is at least this.")
+@click.pass_context
+def keys_raise(ctx: click.Context, name: str, to: int) -> None:
+    """Raise key NAME's floor (for imported legacy ids). It only moves up."""
+    with _minter(ctx) as minter:
+        before = minter.key(name)
+        key = minter.raise_floor(name, to)
+    if key.max_id == before.max_id and key.first_id == before.first_id:
+        click.echo(f"{name}: unchanged, next range already starts at {max(key.max_id, key.first_id)}")
+    else:
+        click.echo(f"{name}: next range starts at {key.max_id}")
+
+
+@cli.command("next")
+@click.argument("name")
+@click.option("-n", "count", type=int, default=1, show_default=True, help="How many ids.")
+@click.pass_context
+def next_(ctx: click.Context, name: str, count: int) -> None:
+    """Print COUNT new ids of key NAME, one per line.
+
+    Takes exactly COUNT ids from the store in one allocation, so nothing is wasted.
+    """
+    with _minter(ctx) as minter:
+        taken = minter.take(name, count)
+    click.echo("\n".join(map(str, taken)))
+    if len(taken) < count:  # a bounded key ran out: the ids above are still good
+        raise Exhausted(name, taken.last)
+
+
+def _key_dict(key: Key) -> dict[str, Any]:
+    return {
+        "name": key.name,
+        "next_id": max(key.max_id, key.first_id),
+        "step": key.step,
+        "start": key.first_id,
+        "max": key.last_id,
+        "remaining": key.remaining,
+        "description": key.description,
+        "updated_at": key.updated_at.isoformat() if key.updated_at else None,
+    }
+
+
+def _when(key: Key) -> str:
+    return key.updated_at.strftime("%Y-%m-%d %H:%M:%S") if key.updated_at else "-"
+
+
+def _fail(message: str, code: int) -> int:
+    click.echo(f"idmint: error: {message}", err=True)
+    return code
+
+
+def main(argv: list[str] | None = None, run: Callable[..., Any] = cli.main) -> int:
+    """Run the CLI and turn every error into one line on stderr and an exit code."""
+    try:
+        result = run(args=argv, prog_name="idmint", standalone_mode=False)
+    except click.exceptions.Abort:
+        return _fail("interrupted", 130)
+    except click.ClickException as exc:
+        return _fail(" ".join(exc.format_message().split()), EXIT_BAD_INPUT)
+    except BAD_INPUT as exc:
+        return _fail(str(exc), EXIT_BAD_INPUT)
+    except IdmintError as exc:
+        return _fail(str(exc), EXIT_FAILED)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

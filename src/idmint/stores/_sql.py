@@ -1,0 +1,221 @@
+"""The range store for SQL engines; each engine's module supplies a small `Dialect`.
+
+Every connection runs in autocommit mode and each operation is one explicit transaction
+(`BEGIN ... COMMIT`), so the code path is the same on every engine. One connection per store
+object, used under a lock: allocations are rare (one per range), so there is nothing to gain
+from a pool, and one connection keeps the number of server sessions predictable.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from .._errors import IdmintError, KeyExists, KeyNotFound, StoreUnavailable
+from ..ids import Allocation, Key, Range, next_range, raised_floor
+
+T = TypeVar("T")
+
+TABLE = "idmint_keys"
+COLUMNS = "name, max_id, step, first_id, last_id, description, updated_at"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between SQL engines; the statements themselves are shared."""
+
+    connect: Callable[[], Any]
+    create_table: str
+    #: Statement that opens a transaction holding the row locks we need.
+    begin: str = "BEGIN"
+    #: Suffix that locks the selected row until commit ("" where `begin` already locks).
+    for_update: str = " FOR UPDATE"
+    #: SQL expression for the current UTC time.
+    now: str = "CURRENT_TIMESTAMP"
+    #: The driver's parameter marker; statements are written with "?" and translated.
+    param: str = "?"
+    #: Driver exceptions that mean "cannot reach or use the store now" (connection lost,
+    #: server shutting down, lock wait timeout): reported as StoreUnavailable.
+    unavailable: tuple[type[BaseException], ...] = ()
+    #: Driver exceptions raised by a duplicate primary key.
+    duplicate: tuple[type[BaseException], ...] = ()
+    #: Statements run once on every new connection.
+    on_connect: Sequence[str] = ()
+
+
+def _as_datetime(value: object) -> datetime | None:
+    """Normalise the engines' timestamps (aware, naive-UTC or ISO text) to aware UTC."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return None
+
+
+class SqlRangeStore:
+    """A RangeStore on a table of keys, one row per key (see docs/stores.md)."""
+
+    def __init__(self, dialect: Dialect, display_url: str) -> None:
+        self.display_url = display_url
+        self._dialect = dialect
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._closed = False
+        p = dialect.param
+        now = dialect.now
+        self._select = f"SELECT {COLUMNS} FROM {TABLE} WHERE name = {p}"
+        self._select_locked = self._select + dialect.for_update
+        self._select_all = f"SELECT {COLUMNS} FROM {TABLE} ORDER BY name"
+        self._insert = (
+            f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {now})"
+        )
+        self._set_max = f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} WHERE name = {p}"
+        self._set_floor = (
+            f"UPDATE {TABLE} SET first_id = {p}, max_id = {p}, updated_at = {now} WHERE name = {p}"
+        )
+        self._give_back = (
+            f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} "
+            f"WHERE name = {p} AND max_id = {p} AND first_id <= {p}"
+        )
+
+    # -- connection handling ---------------------------------------------------------------
+
+    def _cursor(self) -> Any:
+        if self._closed:
+            raise StoreUnavailable(f"store {self.display_url} is closed")
+        if self._conn is None:
+            conn = self._dialect.connect()
+            try:
+                cur = conn.cursor()
+                for statement in self._dialect.on_connect:
+                    cur.execute(statement)
+                try:
+                    cur.execute(self._dialect.create_table)
+                except self._dialect.duplicate:
+                    # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another
+                    # process creating the same table; the table is there, which is the goal.
+                    pass
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn.cursor()
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: S110 - already broken; closing is best effort
+                pass
+
+    def _run(self, body: Callable[[Any], T], *, transaction: bool = True) -> T:
+        """Run `body(cursor)` in one transaction; map driver errors to idmint's."""
+        with self._lock:
+            try:
+                cur = self._cursor()
+                if not transaction:
+                    return body(cur)
+                cur.execute(self._dialect.begin)
+                try:
+                    result = body(cur)
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                # If COMMIT fails the outcome is unknown: the caller gets an error and the
+                # result (a range, say) is dropped, never served.
+                cur.execute("COMMIT")
+                return result
+            except IdmintError:
+                raise
+            except self._dialect.duplicate:
+                raise
+            except self._dialect.unavailable as exc:
+                self._drop_connection()
+                raise StoreUnavailable(f"store {self.display_url} unavailable: {_one_line(exc)}") from exc
+
+    def _key(self, cur: Any, name: str, *, lock: bool) -> Key:
+        cur.execute(self._select_locked if lock else self._select, (name,))
+        row = cur.fetchone()
+        if row is None:
+            raise KeyNotFound(name)
+        return _row_to_key(row)
+
+    # -- the RangeStore protocol -------------------------------------------------------------
+
+    def init(self) -> None:
+        self._run(lambda cur: None, transaction=False)  # connecting creates the table
+
+    def add_key(
+        self, name: str, *, step: int, first_id: int, last_id: int, description: str = ""
+    ) -> Key:
+        def body(cur: Any) -> Key:
+            cur.execute(self._insert, (name, first_id, step, first_id, last_id, description))
+            return self._key(cur, name, lock=False)
+
+        try:
+            return self._run(body)
+        except self._dialect.duplicate as exc:
+            raise KeyExists(name) from exc
+
+    def get_key(self, name: str) -> Key:
+        return self._run(lambda cur: self._key(cur, name, lock=False), transaction=False)
+
+    def list_keys(self) -> list[Key]:
+        def body(cur: Any) -> list[Key]:
+            cur.execute(self._select_all)
+            return [_row_to_key(row) for row in cur.fetchall()]
+
+        return self._run(body, transaction=False)
+
+    def allocate(self, name: str, count: int | None = None) -> Allocation:
+        def body(cur: Any) -> Allocation:
+            taken = next_range(self._key(cur, name, lock=True), count)
+            cur.execute(self._set_max, (taken.stop, name))
+            return Allocation(taken, self._key(cur, name, lock=False))
+
+        return self._run(body)
+
+    def give_back(self, name: str, unused: Range) -> bool:
+        if not unused:
+            return False
+
+        def body(cur: Any) -> bool:
+            cur.execute(self._give_back, (unused.start, name, unused.stop, unused.start))
+            return bool(cur.rowcount == 1)
+
+        return self._run(body)
+
+    def raise_floor(self, name: str, to: int) -> Key:
+        def body(cur: Any) -> Key:
+            first_id, max_id = raised_floor(self._key(cur, name, lock=True), to)
+            cur.execute(self._set_floor, (first_id, max_id, name))
+            return self._key(cur, name, lock=False)
+
+        return self._run(body)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._drop_connection()
+
+
+def _row_to_key(row: Sequence[Any]) -> Key:
+    name, max_id, step, first_id, last_id, description, updated_at = row
+    return Key(
+        name=str(name),
+        max_id=int(max_id),
+        step=int(step),
+        first_id=int(first_id),
+        last_id=int(last_id),
+        description=str(description or ""),
+        updated_at=_as_datetime(updated_at),
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

@@ -1,0 +1,70 @@
+"""MySQL and MariaDB through PyMySQL.
+
+InnoDB's row lock from `SELECT ... FOR UPDATE` serialises allocations of a key; commits are
+durable under the default `innodb_flush_log_at_trx_commit=1`. The read and write timeouts bound
+how long a refill can hang on a server that stopped answering.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from .._errors import DriverMissing, InvalidArgument
+from ._sql import TABLE, Dialect, SqlRangeStore
+
+CREATE_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    name        VARCHAR(128) NOT NULL PRIMARY KEY,
+    max_id      BIGINT       NOT NULL,
+    step        BIGINT       NOT NULL,
+    first_id    BIGINT       NOT NULL,
+    last_id     BIGINT       NOT NULL,
+    description VARCHAR(256) NOT NULL DEFAULT '',
+    updated_at  DATETIME(6)  NOT NULL
+) ENGINE=InnoDB
+"""
+
+
+def open_mysql(url: str, display_url: str, *, timeout: float) -> SqlRangeStore:
+    try:
+        import pymysql
+    except ImportError as exc:
+        raise DriverMissing(
+            "mysql:// stores need the PyMySQL driver: pip install 'idmint[mysql]'"
+        ) from exc
+
+    parts = urlsplit(url)
+    database = parts.path.lstrip("/")
+    if not database or not parts.hostname:
+        raise InvalidArgument(f"bad MySQL URL {display_url!r}: use mysql://user:password@host:port/database")
+    try:
+        port = parts.port or 3306
+    except ValueError as exc:
+        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {exc}") from exc
+
+    def connect() -> Any:
+        return pymysql.connect(
+            host=parts.hostname,
+            port=port,
+            user=unquote(parts.username or "root"),
+            password=unquote(parts.password or ""),
+            database=database,
+            autocommit=True,
+            connect_timeout=timeout,
+            read_timeout=max(5.0, timeout * 5),
+            write_timeout=max(5.0, timeout * 5),
+            charset="utf8mb4",
+        )
+
+    dialect = Dialect(
+        connect=connect,
+        create_table=CREATE_TABLE,
+        begin="START TRANSACTION",
+        now="UTC_TIMESTAMP(6)",
+        param="%s",
+        unavailable=(pymysql.err.OperationalError, pymysql.err.InterfaceError),
+        duplicate=(pymysql.err.IntegrityError,),
+        on_connect=("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",),
+    )
+    return SqlRangeStore(dialect, display_url)

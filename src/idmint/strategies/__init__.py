@@ -1,0 +1,1 @@
+"""The id strategies; each takes its store as an object meeting a protocol."""

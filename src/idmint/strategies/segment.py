@@ -1,0 +1,404 @@
+"""Segment ids: ranges taken from a store's counter, served from memory.
+
+A generator holds the range it is serving (the *current* segment) and, once 10% of it is used,
+loads the *next* one on a background thread (Leaf's double buffer), so a caller waits for the
+store only when both are gone.
+
+The hot path takes no lock. Each segment draws ids from an `itertools.count`, whose `next()` is
+atomic under the GIL, and compares the draw with the segment's `limit`, which is read *after*
+the draw. Everything that changes a segment's bounds holds `_cond`. That order is what makes
+`close()` safe without locking `next_id()`: close first lowers `limit` and `stop` to `start`, then
+draws once more itself. A caller's draw that came after close's draw sees the lowered limit and
+is rejected; a draw that came before is below close's draw, and close gives back only ids from
+its own draw upward. So no id is both served and given back.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from itertools import islice
+
+from .._errors import Closed, Exhausted, IdmintError, InvalidArgument, KeyNotFound, StoreUnavailable
+from ..ids import Range, check_count, check_key_name
+from ..stores.base import RangeStore
+
+log = logging.getLogger("idmint.segment")
+
+MAX_BATCH = 1_000_000
+
+
+@dataclass(frozen=True)
+class SegmentOptions:
+    """How a segment generator sizes and refills its ranges. The defaults are Leaf's.
+
+    preload_at: the fraction of the current range used when the next one is loaded.
+    max_step: the largest range the dynamic step grows to (never below the key's step).
+    grow_below / shrink_above: seconds a range lasted: under `grow_below` the next range is
+        twice as large, over `shrink_above` half as large (never below the key's step).
+    wait: seconds a caller waits for a range when nothing is buffered before it gets
+        StoreUnavailable.
+    retry_after: seconds a KeyNotFound or Exhausted answer is trusted before the store is asked
+        again (a key may be created meanwhile).
+    give_back: on close, return the unused tail to the store when nobody allocated after it.
+    """
+
+    preload_at: float = 0.1
+    max_step: int = 1_000_000
+    grow_below: float = 15 * 60.0
+    shrink_above: float = 30 * 60.0
+    wait: float = 1.0
+    retry_after: float = 1.0
+    give_back: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.preload_at <= 1.0:
+            raise InvalidArgument(f"preload_at must be from 0 to 1, not {self.preload_at!r}")
+        check_count(self.max_step, what="max_step")
+        if not 0 <= self.grow_below <= self.shrink_above:
+            raise InvalidArgument("grow_below must be from 0 to shrink_above")
+        if self.wait <= 0 or self.retry_after < 0:
+            raise InvalidArgument("wait must be above 0 and retry_after at least 0")
+
+
+@dataclass(frozen=True)
+class SegmentStats:
+    """A snapshot of a generator, for metrics and the dashboard.
+
+    density is issued / (taken - given_back): the share of the integers this generator took
+    from the store that became ids (1.0 after a graceful close with the tail given back).
+    """
+
+    key: str
+    issued: int
+    taken: int
+    given_back: int
+    current: Range | None
+    position: int | None
+    next: Range | None
+    step: int | None
+    refills: int
+    refilling: bool
+    last_refill_at: datetime | None
+    last_refill_seconds: float | None
+    error: str | None
+    closed: bool
+
+    @property
+    def density(self) -> float:
+        consumed = self.taken - self.given_back
+        return self.issued / consumed if consumed else 1.0
+
+
+class _Segment:
+    """One range being served: ids are drawn from `ids`; only draws below `limit` are served
+    without the lock (`limit` is the preload mark, then `stop` once the preload started)."""
+
+    __slots__ = ("ids", "limit", "start", "stop")
+
+    def __init__(self, taken: Range, preload_at: float) -> None:
+        self.start = taken.start
+        self.stop = taken.stop
+        self.ids = itertools.count(taken.start)
+        self.limit = min(taken.stop, taken.start + int(len(taken) * preload_at))
+
+    def position(self) -> int:
+        """The next id `ids` would yield, without drawing it (a draw would waste an id).
+        itertools.count's repr is its only side-effect-free view of its state."""
+        return min(int(repr(self.ids)[6:-1]), self.stop)
+
+    def retire(self) -> Range:
+        """Stop serving from this segment and return the part nobody drew (see module doc)."""
+        stop = self.stop
+        self.limit = self.stop = self.start  # first lower the bounds ...
+        drawn = next(self.ids)  # ... then draw: every later draw is refused
+        return Range(min(drawn, stop), stop)
+
+
+class SegmentGenerator:
+    """Ids of one key, served from ranges taken from a store. Thread-safe.
+
+    Ids increase within a thread and trend upwards across processes (see docs/guarantees.md).
+
+        gen = SegmentGenerator(store, "order")
+        gen.next_id()         # 100000000
+        gen.next_ids(3)       # [100000001, 100000002, 100000003]
+        gen.close()           # gives the unused tail back
+    """
+
+    def __init__(
+        self,
+        store: RangeStore,
+        key: str,
+        options: SegmentOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.key = check_key_name(key)
+        self.options = options or SegmentOptions()
+        self._store = store
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._seg = _Segment(Range(0, 0), 0.0)  # empty: the first call takes the slow path
+        self._next: _Segment | None = None
+        self._closed = False
+        self._stopping = threading.Event()  # cuts a refill's back-off short on close
+        self._refill_thread: threading.Thread | None = None
+        self._refilling = False
+        self._error: IdmintError | None = None
+        self._error_at = 0.0
+        # Dynamic step: the step of the last range and when it was taken.
+        self._step: int | None = None
+        self._key_step: int | None = None
+        self._last_taken_at: float | None = None
+        # Figures for stats(): ids served from finished segments, integers taken and returned.
+        self._issued_before = 0
+        self._taken = 0
+        self._given_back = 0
+        self._refills = 0
+        self._last_refill_at: datetime | None = None
+        self._last_refill_seconds: float | None = None
+        with self._cond:
+            self._start_refill()  # warm up in the background
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    def next_id(self) -> int:
+        """The next id. Raises Exhausted, KeyNotFound, StoreUnavailable or Closed."""
+        seg = self._seg
+        i = next(seg.ids)
+        if i < seg.limit:
+            return i
+        return self._next_id_slow(seg, i)
+
+    def next_ids(self, count: int) -> list[int]:
+        """`count` ids (1 to 1,000,000), increasing."""
+        check_count(count, maximum=MAX_BATCH)
+        ids: list[int] = []
+        while len(ids) < count:
+            seg = self._seg
+            # Never draw more than the segment holds: draws past its end are thrown away.
+            drawn = list(islice(seg.ids, min(count - len(ids), max(1, seg.stop - seg.start))))
+            limit = seg.limit  # read after the draws, as in next_id
+            if drawn[-1] < limit:
+                ids += drawn
+                continue
+            cut = bisect.bisect_left(drawn, limit)
+            ids += drawn[:cut]
+            ids.append(self._next_id_slow(seg, drawn[cut]))
+            rest = drawn[cut + 1 :]
+            ids += rest[: bisect.bisect_left(rest, seg.limit)]
+        return ids
+
+    def _next_id_slow(self, seg: _Segment, i: int) -> int:
+        """`i` was drawn from `seg` at or past its limit: serve it if it is still inside the
+        range (and start the preload), else move on to the next range."""
+        with self._cond:
+            while True:
+                if i < seg.stop:
+                    if seg is self._seg and i >= seg.limit:
+                        seg.limit = seg.stop
+                        if self._next is None and not self._refilling:
+                            self._start_refill()
+                    return i
+                self._advance(seg)
+                seg = self._seg
+                i = next(seg.ids)
+
+    def _advance(self, spent: _Segment) -> None:
+        """Replace the spent current segment with the next one, waiting for it up to
+        `options.wait`; return at once if another thread already did. Called with `_cond` held.
+        """
+        deadline: float | None = None
+        while self._seg is spent:
+            # Closed first: close() leaves `_next` in place until it has given it back.
+            if self._closed:
+                raise Closed(f"the generator of key {self.key!r} is closed")
+            if self._next is not None:
+                self._issued_before += spent.stop - spent.start
+                self._seg, self._next = self._next, None
+                return
+            error = self._error
+            if error is not None and (
+                self._refilling or time.monotonic() - self._error_at < self.options.retry_after
+            ):
+                raise self._fresh(error)
+            if not self._refilling:
+                self._start_refill()
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.options.wait
+            if now >= deadline:
+                raise StoreUnavailable(
+                    f"no ids buffered for key {self.key!r} and the store gave no range within "
+                    f"{self.options.wait:g} s ({self._store.display_url})"
+                )
+            self._cond.wait(deadline - now)
+
+    def _fresh(self, error: IdmintError) -> IdmintError:
+        """A new exception for a stored refill error: raising one instance from many threads
+        would keep growing its traceback."""
+        fresh: IdmintError
+        if isinstance(error, KeyNotFound):
+            fresh = KeyNotFound(error.key)
+        elif isinstance(error, Exhausted):
+            fresh = Exhausted(error.key, error.last_id)
+        else:
+            fresh = StoreUnavailable(f"no ids buffered for key {self.key!r}: {error}")
+        fresh.__cause__ = error
+        return fresh
+
+    # -- refills -----------------------------------------------------------------------------
+
+    def _start_refill(self) -> None:
+        """Load the next range on a new background thread. Called with `_cond` held."""
+        self._refilling = True
+        self._error = None
+        self._refill_thread = threading.Thread(
+            target=self._refill, name=f"idmint-refill-{self.key}", daemon=True
+        )
+        self._refill_thread.start()
+
+    def _choose_step(self) -> int | None:
+        """Leaf's dynamic step: double while ranges last under `grow_below`, halve when one
+        lasted over `shrink_above`; between the key's step and `max_step`. None (the key's
+        own step) until the first range tells us the key's step."""
+        if self._step is None or self._key_step is None or self._last_taken_at is None:
+            return None
+        lasted = self._clock() - self._last_taken_at
+        if lasted < self.options.grow_below:
+            return max(self._key_step, min(self._step * 2, self.options.max_step))
+        if lasted >= self.options.shrink_above:
+            return max(self._key_step, self._step // 2)
+        return max(self._key_step, self._step)
+
+    def _refill(self) -> None:
+        with self._cond:
+            step = self._choose_step()
+        backoff = 0.01
+        failing_since: float | None = None
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                taken = self._store.allocate(self.key, step)
+            except StoreUnavailable as exc:
+                error: IdmintError = exc
+            except IdmintError as exc:  # KeyNotFound, Exhausted: retrying will not help
+                with self._cond:
+                    self._error, self._error_at = exc, time.monotonic()
+                    self._refilling = False
+                    self._cond.notify_all()
+                return
+            except Exception as exc:  # an unmapped driver error: report it, keep trying
+                log.exception("unexpected error loading a range for key %r", self.key)
+                error = StoreUnavailable(f"{type(exc).__name__}: {exc}")
+            else:
+                with self._cond:
+                    self._install(taken.range, step or taken.key.step, taken.key.step, started)
+                    self._refilling = False
+                    self._cond.notify_all()
+                if failing_since is not None:
+                    log.warning("key %r: the store answers again", self.key)
+                return
+            with self._cond:
+                self._error, self._error_at = error, time.monotonic()
+                self._cond.notify_all()
+            if failing_since is None:
+                failing_since = started
+                log.warning("key %r: cannot load a range, retrying: %s", self.key, error)
+            self._stopping.wait(backoff * random.uniform(0.5, 1.5))
+            backoff = min(backoff * 2, 1.0)
+        with self._cond:
+            self._refilling = False
+            self._cond.notify_all()
+
+    def _install(self, taken: Range, step: int, key_step: int, started: float) -> None:
+        """Make a fresh range the next segment. Called with `_cond` held; if the generator
+        closed meanwhile, close() gives it back (nobody draws from `_next`)."""
+        self._next = _Segment(taken, self.options.preload_at)
+        self._taken += len(taken)
+        self._step, self._key_step = step, key_step
+        self._last_taken_at = self._clock()
+        self._refills += 1
+        self._last_refill_at = datetime.now(UTC)
+        self._last_refill_seconds = time.monotonic() - started
+
+    # -- lifecycle and figures ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop serving and give back the unused ids when nobody allocated after them.
+        Never raises on a store failure: the ids are then skipped, never reused."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopping.set()
+            tail = self._seg.retire()
+            self._issued_before += tail.start - self._seg.start
+            self._cond.notify_all()
+            refill = self._refill_thread
+        if refill is not None:
+            # A range arriving now would be wasted: wait a little for it so it can go back too.
+            refill.join(self.options.wait)
+        with self._cond:
+            held = [tail] + ([Range(self._next.start, self._next.stop)] if self._next else [])
+            self._next = None
+        if self.options.give_back:
+            self._give_back(held)
+
+    def _give_back(self, held: list[Range]) -> None:
+        # Merge the held ranges that touch, then return them from the top down: each return
+        # works only while the store's counter stands at that range's stop.
+        merged: list[Range] = []
+        for r in sorted(held, key=lambda r: r.start):
+            if not r:
+                continue
+            if merged and merged[-1].stop == r.start:
+                merged[-1] = Range(merged[-1].start, r.stop)
+            else:
+                merged.append(r)
+        for r in reversed(merged):
+            try:
+                if not self._store.give_back(self.key, r):
+                    break
+            except IdmintError as exc:
+                log.warning("key %r: could not give back %s..%s: %s", self.key, r.start, r.last, exc)
+                break
+            with self._cond:
+                self._given_back += len(r)
+
+    def stats(self) -> SegmentStats:
+        with self._cond:
+            seg, nxt = self._seg, self._next
+            serving = bool(seg.stop > seg.start) and not self._closed
+            position = seg.position() if serving else None
+            issued = self._issued_before + (position - seg.start if position is not None else 0)
+            return SegmentStats(
+                key=self.key,
+                issued=issued,
+                taken=self._taken,
+                given_back=self._given_back,
+                current=Range(seg.start, seg.stop) if serving else None,
+                position=position,
+                next=Range(nxt.start, nxt.stop) if nxt else None,
+                step=self._step,
+                refills=self._refills,
+                refilling=self._refilling,
+                last_refill_at=self._last_refill_at,
+                last_refill_seconds=self._last_refill_seconds,
+                error=str(self._error) if self._error else None,
+                closed=self._closed,
+            )
+
+    def __enter__(self) -> SegmentGenerator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

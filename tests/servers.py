@@ -1,0 +1,922 @@
+"""Throw-away PostgreSQL and MariaDB servers for the idmint test suite.
+
+Each server lives in its own temporary directory (data dir, sockets, pid
+file, ``server.log``), listens on 127.0.0.1 only, and is started from the
+binaries installed on the machine; nothing is shared with any system service.
+
+Typical use::
+
+    with PostgresServer() as pg:
+        url = pg.create_database("t1")   # postgresql://postgres@127.0.0.1:PORT/t1
+        ...
+        pg.restart()                     # same data dir, same port
+        pg.kill()                        # SIGKILL, simulated crash
+        pg.start()                       # crash recovery, same port
+
+Servers are started in their own session (so a Ctrl-C aimed at pytest does
+not reach them first).  They cannot outlive the test process: an ``atexit``
+hook kills any server still running, and a tiny watchdog process per server
+kills it if the test process dies without running ``atexit`` (SIGKILL,
+``os._exit``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import glob
+import os
+import pwd
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, ClassVar, Self
+
+import psycopg
+import pymysql
+from psycopg import sql
+
+__all__ = [
+    "MariaDBServer",
+    "PostgresServer",
+    "ServerStartError",
+    "free_port",
+    "wait_until",
+]
+
+LOOPBACK = "127.0.0.1"
+_LOG_TAIL_LINES = 40
+_DB_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+class ServerStartError(RuntimeError):
+    """A test server could not be initialised or did not become ready."""
+
+
+# --------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    *,
+    interval: float = 0.05,
+) -> None:
+    """Call ``predicate`` until it returns something truthy.
+
+    Raises ``TimeoutError`` mentioning ``what`` after ``timeout`` seconds.
+    Exceptions raised by ``predicate`` propagate immediately (use that to
+    give up early).  The predicate is always called at least once.
+    """
+    deadline = time.monotonic() + timeout
+    delay = min(interval, 0.01)
+    while True:
+        if predicate():
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, interval)
+
+
+_port_lock = threading.Lock()
+_ports_handed_out: set[int] = set()
+_rng = random.SystemRandom()
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def _non_ephemeral_ports() -> list[range]:
+    """Port windows outside the kernel's ephemeral range.
+
+    A port picked from the ephemeral range can be grabbed as the *local*
+    port of some outgoing connection while a server is down for a restart,
+    which makes the restart fail with EADDRINUSE.  Ports outside that range
+    are only ever taken by an explicit bind().
+    """
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        low, high = (int(x) for x in text.split())
+    except (OSError, ValueError):
+        return []
+    windows = [range(max(10000, low - 12000), low), range(high + 1, 65536)]
+    return [w for w in windows if len(w) >= 1000]
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now.
+
+    Prefers ports outside the ephemeral range and never hands out the same
+    port twice in one process.  There is still a race with other processes;
+    the servers below detect a lost race and retry with another port on
+    their first start.
+    """
+    windows = _non_ephemeral_ports()
+    for _ in range(200):
+        if windows:
+            port = _rng.choice(_rng.choice(windows))
+            if not _port_is_free(port):
+                continue
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((LOOPBACK, 0))
+                port = int(s.getsockname()[1])
+        with _port_lock:
+            if port in _ports_handed_out:
+                continue
+            _ports_handed_out.add(port)
+        return port
+    raise RuntimeError("could not find a free TCP port on 127.0.0.1")
+
+
+def _log_tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError as exc:
+        return f"<could not read {path}: {exc}>"
+    text = data.decode("utf-8", errors="replace").rstrip("\n")
+    return "\n".join(text.splitlines()[-lines:]) if text else "<empty>"
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a non-zombie process is left in process group ``pgid``.
+
+    Zombies are ignored: orphans are re-parented to PID 1, which in some
+    containers never reaps them, and a zombie holds no resources that
+    would stop the server from starting again.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ..."; comm may contain spaces/parens.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in "ZX":
+            return True
+    return False
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _find_executable(*names: str) -> str | None:
+    extra = ["/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"]
+    search = os.pathsep.join([os.environ.get("PATH", ""), *extra])
+    for name in names:
+        found = shutil.which(name, path=search)
+        if found:
+            return found
+    return None
+
+
+# --------------------------------------------------------------------------
+# watchdog: kills the server's process group if the test process dies hard
+# --------------------------------------------------------------------------
+
+_WATCHDOG_CODE = """\
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.stdin.buffer.read(1) != b"q":
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+class _Watchdog:
+    """A helper process that reads a pipe from us.
+
+    EOF without the disarm byte means we died: it then SIGKILLs the
+    server's process group.
+    """
+
+    def __init__(self, pgid: int) -> None:
+        read_fd, write_fd = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _WATCHDOG_CODE, str(pgid)],
+                stdin=read_fd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        self._pipe: IO[bytes] | None = os.fdopen(write_fd, "wb", buffering=0)
+
+    def disarm(self) -> None:
+        pipe, self._pipe = self._pipe, None
+        if pipe is None:
+            return
+        with contextlib.suppress(OSError):
+            pipe.write(b"q")
+        with contextlib.suppress(OSError):
+            pipe.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+# --------------------------------------------------------------------------
+# common server machinery
+# --------------------------------------------------------------------------
+
+_live_lock = threading.Lock()
+_live_servers: set[_Server] = set()
+
+
+def _atexit_cleanup() -> None:
+    with _live_lock:
+        servers = list(_live_servers)
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server._emergency_cleanup()
+
+
+atexit.register(_atexit_cleanup)
+
+
+class _Server:
+    """Shared lifecycle; subclasses provide the database-specific parts."""
+
+    kind: ClassVar[str] = "server"
+    _dir_prefix: ClassVar[str] = "idmint-server-"
+    _stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        startup_timeout: float = 30.0,
+        stop_timeout: float = 60.0,
+    ) -> None:
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self._port_fixed = port is not None
+        self._port = port if port is not None else free_port()
+        self._lock = threading.RLock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._watchdog: _Watchdog | None = None
+        self._initialized = False
+        self._ever_started = False
+        self._closed = False
+        self.base_dir = Path(tempfile.mkdtemp(prefix=self._dir_prefix))
+        self.data_dir = self.base_dir / "data"
+        self.log_path = self.base_dir / "server.log"
+        with _live_lock:
+            _live_servers.add(self)
+
+    # ---- hooks ---------------------------------------------------------
+
+    def _initialize(self) -> None:
+        raise NotImplementedError
+
+    def _server_command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _popen_env(self) -> dict[str, str] | None:
+        """Environment for server processes (None: inherit ours)."""
+        return None
+
+    def _popen_ids(self) -> tuple[int, int] | None:
+        """(uid, gid) to run server processes as (None: as ourselves)."""
+        return None
+
+    def _probe(self) -> str:
+        """Connect once and return the data directory the server reports."""
+        raise NotImplementedError
+
+    def _same_data_dir(self, reported: str) -> bool:
+        return os.path.realpath(reported.rstrip("/")) == os.path.realpath(
+            self.data_dir
+        )
+
+    def _after_crash_cleanup(self) -> None:
+        """Remove stale lock files once every server process is gone."""
+
+    def url(self, dbname: str) -> str:
+        raise NotImplementedError
+
+    def create_database(self, name: str) -> str:
+        raise NotImplementedError
+
+    # ---- public lifecycle ---------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running server (postmaster / mariadbd), else None."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    @property
+    def is_running(self) -> bool:
+        proc = self._proc
+        return proc is not None and proc.poll() is None
+
+    def start(self) -> None:
+        """Start the server (initialising the data dir on first use).
+
+        Blocks until a client can connect.  A no-op if already running.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.kind} server has been closed")
+            if self.is_running:
+                return
+            self._reap()
+            if not self._initialized:
+                self._log_marker(f"initialising data directory {self.data_dir}")
+                self._initialize()
+                self._initialized = True
+            # A port picked by free_port() can be lost to another process
+            # before the server binds it; retry only while the port has not
+            # been handed out through a successful start yet.
+            attempts = 1 if (self._port_fixed or self._ever_started) else 5
+            for attempt in range(1, attempts + 1):
+                log_offset = self._log_marker(f"starting on port {self._port}")
+                try:
+                    self._spawn_and_wait(log_offset)
+                except ServerStartError:
+                    port_taken = "Address already in use" in _log_tail(
+                        self.log_path, log_offset, lines=1000
+                    )
+                    if port_taken and attempt < attempts:
+                        self._port = free_port()
+                        continue
+                    raise
+                self._ever_started = True
+                return
+
+    def stop(self) -> None:
+        """Shut down cleanly and wait for the server to exit."""
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return
+            self._disarm_watchdog()
+            if proc.poll() is None:
+                self._log_marker("stopping")
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(self._stop_signal)
+                try:
+                    proc.wait(timeout=self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    self._log_marker("clean shutdown timed out, sending SIGKILL")
+                    _killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            self._finish_dead(proc)
+
+    def restart(self) -> None:
+        """stop() then start(), same data directory and same port."""
+        with self._lock:
+            self.stop()
+            self.start()
+
+    def kill(self) -> None:
+        """Simulate a crash: SIGKILL the server and all its processes.
+
+        The whole process group is killed at once, so no orphaned backend
+        can keep working after the postmaster is gone.  start() afterwards
+        goes through the database's crash recovery.
+        """
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return
+            self._disarm_watchdog()
+            if proc.poll() is None:
+                self._log_marker("sending SIGKILL")
+                _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            self._finish_dead(proc)
+
+    def close(self) -> None:
+        """Stop the server and delete its temporary directory."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                try:
+                    self.stop()
+                except Exception:
+                    self.kill()
+                    raise
+            finally:
+                self._closed = True
+                shutil.rmtree(self.base_dir, ignore_errors=True)
+                with _live_lock:
+                    _live_servers.discard(self)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running else "stopped"
+        return f"<{type(self).__name__} {state} port={self._port} dir={self.base_dir}>"
+
+    # ---- internals -----------------------------------------------------
+
+    def _log_marker(self, message: str) -> int:
+        """Append a line of ours to the log; return the offset after it."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with self.log_path.open("ab") as f:
+            f.write(f"=== idmint tests {stamp}: {message}\n".encode())
+            return f.tell()
+
+    def _run_logged(self, argv: list[str], what: str) -> None:
+        """Run a one-off command with output appended to the log."""
+        with self.log_path.open("ab") as log:
+            proc = self._popen(argv, log)
+            try:
+                returncode = proc.wait(timeout=300)
+            except BaseException:
+                _killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+        if returncode != 0:
+            raise ServerStartError(
+                f"{what} failed with exit code {returncode}: "
+                f"{' '.join(argv)}\n--- {self.log_path} (tail) ---\n"
+                f"{_log_tail(self.log_path)}"
+            )
+
+    def _popen(self, argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+        ids = self._popen_ids()
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.base_dir,
+            env=self._popen_env(),
+            start_new_session=True,
+            user=None if ids is None else ids[0],
+            group=None if ids is None else ids[1],
+            extra_groups=None if ids is None else [],
+        )
+
+    def _spawn_and_wait(self, log_offset: int) -> None:
+        argv = self._server_command()
+        with self.log_path.open("ab") as log:
+            proc = self._popen(argv, log)
+        self._proc = proc
+        try:
+            self._watchdog = _Watchdog(proc.pid)
+        except BaseException:
+            self.kill()
+            raise
+        last_error: list[BaseException | None] = [None]
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise ServerStartError(
+                    f"{self.kind} exited with code {proc.returncode} during "
+                    f"start-up on port {self._port}"
+                )
+            try:
+                reported = self._probe()
+            except Exception as exc:
+                last_error[0] = exc
+                return False
+            if not self._same_data_dir(reported):
+                # Someone else's server answered on our port; ours will
+                # fail to bind and exit, which the check above reports.
+                last_error[0] = RuntimeError(
+                    f"port {self._port} is served by another server "
+                    f"(data dir {reported!r})"
+                )
+                return False
+            return True
+
+        what = f"{self.kind} on 127.0.0.1:{self._port} to accept connections"
+        try:
+            wait_until(ready, self.startup_timeout, what)
+        except (TimeoutError, ServerStartError) as exc:
+            self.kill()
+            detail = f"{exc}"
+            if last_error[0] is not None:
+                detail += f"\nlast connection error: {last_error[0]!r}"
+            raise ServerStartError(
+                f"{detail}\ncommand: {' '.join(argv)}\n"
+                f"--- {self.log_path} (tail) ---\n"
+                f"{_log_tail(self.log_path, log_offset)}"
+            ) from exc
+
+    def _disarm_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.disarm()
+
+    def _finish_dead(self, proc: subprocess.Popen[bytes]) -> None:
+        """The main process has exited: make sure its group is gone too."""
+        if _group_alive(proc.pid):
+            _killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            wait_until(
+                lambda: not _group_alive(proc.pid),
+                10.0,
+                f"{self.kind} child processes to exit",
+            )
+        if not _group_alive(proc.pid):
+            self._after_crash_cleanup()
+        self._proc = None
+        self._log_marker(f"exited with code {proc.returncode}")
+
+    def _reap(self) -> None:
+        """Clean up after a server that died on its own."""
+        proc = self._proc
+        if proc is not None and proc.poll() is not None:
+            self._disarm_watchdog()
+            self._finish_dead(proc)
+
+    def _emergency_cleanup(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        self._disarm_watchdog()
+        self._proc = None
+        self._closed = True
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+        with _live_lock:
+            _live_servers.discard(self)
+
+
+def _check_db_name(name: str) -> str:
+    if not _DB_NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"database name {name!r} must match {_DB_NAME_RE.pattern} "
+            "(letters, digits, underscore)"
+        )
+    return name
+
+
+# --------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------
+
+
+def _pg_version_key(bindir: str) -> tuple[int, ...]:
+    version = Path(bindir).parent.name
+    return tuple(int(p) for p in re.findall(r"\d+", version)) or (0,)
+
+
+def _has_pg_server(bindir: Path) -> bool:
+    return (bindir / "postgres").is_file() and (bindir / "initdb").is_file()
+
+
+@functools.cache
+def find_postgres_bindir() -> Path:
+    """Directory holding ``initdb`` and ``postgres``.
+
+    Order: ``$IDMINT_PG_BINDIR``, ``pg_config --bindir``, the newest
+    ``/usr/lib/postgresql/*/bin``, then ``postgres`` on the PATH.
+    """
+    candidates: list[Path] = []
+    override = os.environ.get("IDMINT_PG_BINDIR")
+    if override:
+        candidates.append(Path(override))
+    pg_config = _find_executable("pg_config")
+    if pg_config:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                [pg_config, "--bindir"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=30,
+            )
+            candidates.append(Path(out.stdout.strip()))
+    globbed = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=_pg_version_key, reverse=True
+    )
+    candidates.extend(Path(p) for p in globbed)
+    on_path = _find_executable("postgres")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent)
+    for candidate in candidates:
+        if _has_pg_server(candidate):
+            return candidate
+    raise ServerStartError(
+        "PostgreSQL server binaries (initdb, postgres) not found; looked in "
+        + ", ".join(str(c) for c in candidates)
+        + " (set IDMINT_PG_BINDIR to override)"
+    )
+
+
+class PostgresServer(_Server):
+    """A private PostgreSQL cluster on 127.0.0.1 with trust authentication.
+
+    Superuser ``postgres``, no password.  When the tests run as root the
+    cluster runs as the ``postgres`` OS user (PostgreSQL refuses root).
+    ``fsync=off`` for speed: committed data still survives ``kill()``
+    (the OS keeps the written WAL), it would not survive a machine crash.
+    """
+
+    kind = "PostgreSQL"
+    _dir_prefix = "idmint-pg-"
+    _stop_signal = signal.SIGINT  # "fast" shutdown
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        startup_timeout: float = 30.0,
+        stop_timeout: float = 60.0,
+        max_connections: int = 200,
+        extra_settings: dict[str, str] | None = None,
+    ) -> None:
+        self.bindir = find_postgres_bindir()
+        self.max_connections = max_connections
+        self.extra_settings = dict(extra_settings or {})
+        super().__init__(
+            port=port, startup_timeout=startup_timeout, stop_timeout=stop_timeout
+        )
+        self.socket_dir = self.base_dir / "sock"
+        self.socket_dir.mkdir()
+        self._os_user = pwd.getpwnam("postgres") if _is_root() else None
+        if self._os_user is not None:
+            for path in (self.base_dir, self.socket_dir):
+                os.chown(path, self._os_user.pw_uid, self._os_user.pw_gid)
+            # The server must be able to reach its directory.
+            _check_traversable(self.base_dir)
+        self.log_path.touch()
+
+    def _popen_env(self) -> dict[str, str] | None:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("PG") and not k.startswith("LC_")
+        }
+        env.update(LANG="C", LC_ALL="C", TZ="UTC")
+        if self._os_user is not None:
+            env.update(
+                HOME=str(self.base_dir),
+                USER=self._os_user.pw_name,
+                LOGNAME=self._os_user.pw_name,
+            )
+        return env
+
+    def _popen_ids(self) -> tuple[int, int] | None:
+        user = self._os_user
+        return None if user is None else (user.pw_uid, user.pw_gid)
+
+    def _initialize(self) -> None:
+        self._run_logged(
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "--auth=trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "--encoding=UTF8",
+                "--locale=C",
+            ],
+            "initdb",
+        )
+
+    def _server_command(self) -> list[str]:
+        settings = {
+            "listen_addresses": LOOPBACK,
+            "fsync": "off",
+            "max_connections": str(self.max_connections),
+            **self.extra_settings,
+        }
+        argv = [
+            str(self.bindir / "postgres"),
+            "-D",
+            str(self.data_dir),
+            "-p",
+            str(self._port),
+            "-k",
+            str(self.socket_dir),
+        ]
+        for key, value in settings.items():
+            argv += ["-c", f"{key}={value}"]
+        return argv
+
+    def _probe(self) -> str:
+        with psycopg.connect(self.url(), connect_timeout=2, autocommit=True) as conn:
+            row = conn.execute("SHOW data_directory").fetchone()
+        return str(row[0]) if row else ""
+
+    def _after_crash_cleanup(self) -> None:
+        # Every process of the old cluster is gone, so its lock files are
+        # stale.  PostgreSQL would accept them unless the old PID has been
+        # reused by an unrelated process; remove them to be safe.
+        for stale in (
+            self.data_dir / "postmaster.pid",
+            self.socket_dir / f".s.PGSQL.{self._port}.lock",
+            self.socket_dir / f".s.PGSQL.{self._port}",
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+
+    def url(self, dbname: str = "postgres") -> str:
+        """``postgresql://postgres@127.0.0.1:PORT/dbname``."""
+        return f"postgresql://postgres@{LOOPBACK}:{self._port}/{_check_db_name(dbname)}"
+
+    def create_database(self, name: str) -> str:
+        """CREATE DATABASE ``name`` and return its URL."""
+        _check_db_name(name)
+        with psycopg.connect(self.url(), connect_timeout=10, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self.url(name)
+
+
+def _check_traversable(path: Path) -> None:
+    """The postgres OS user needs search permission on every ancestor."""
+    for parent in path.parents:
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            raise ServerStartError(
+                f"{parent} is not searchable by other users, so the postgres "
+                f"OS user cannot reach {path}; point TMPDIR elsewhere (e.g. /tmp)"
+            )
+
+
+# --------------------------------------------------------------------------
+# MariaDB
+# --------------------------------------------------------------------------
+
+
+@functools.cache
+def find_mariadb_binaries() -> tuple[str, str]:
+    """Paths of (``mariadb-install-db``, ``mariadbd``)."""
+    install_db = _find_executable("mariadb-install-db", "mysql_install_db")
+    server = _find_executable("mariadbd", "mysqld")
+    if install_db is None or server is None:
+        raise ServerStartError(
+            "MariaDB binaries not found (need mariadb-install-db and mariadbd "
+            f"on PATH or in /usr/sbin); found install_db={install_db!r}, "
+            f"server={server!r}"
+        )
+    return install_db, server
+
+
+class MariaDBServer(_Server):
+    """A private MariaDB server on 127.0.0.1; ``root`` has no password.
+
+    InnoDB keeps its durable defaults (``innodb_flush_log_at_trx_commit=1``).
+    The character set is utf8mb4, as in Debian's packaged configuration.
+    """
+
+    kind = "MariaDB"
+    _dir_prefix = "idmint-mariadb-"
+    _stop_signal = signal.SIGTERM
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        startup_timeout: float = 30.0,
+        stop_timeout: float = 60.0,
+        max_connections: int = 300,
+        extra_options: list[str] | None = None,
+    ) -> None:
+        self.install_db, self.server_binary = find_mariadb_binaries()
+        self.max_connections = max_connections
+        self.extra_options = list(extra_options or [])
+        super().__init__(
+            port=port, startup_timeout=startup_timeout, stop_timeout=stop_timeout
+        )
+        self.socket_path = self.base_dir / "mysqld.sock"
+        self.pid_path = self.base_dir / "mysqld.pid"
+        self.log_path.touch()
+
+    def _user_args(self) -> list[str]:
+        # mariadbd refuses to run as root unless told to explicitly.
+        return ["--user=root"] if _is_root() else []
+
+    def _initialize(self) -> None:
+        self._run_logged(
+            [
+                self.install_db,
+                "--no-defaults",
+                f"--datadir={self.data_dir}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                "--skip-name-resolve",
+                *self._user_args(),
+            ],
+            "mariadb-install-db",
+        )
+
+    def _server_command(self) -> list[str]:
+        return [
+            self.server_binary,
+            "--no-defaults",  # must come first
+            f"--datadir={self.data_dir}",
+            f"--port={self._port}",
+            f"--bind-address={LOOPBACK}",
+            f"--socket={self.socket_path}",
+            f"--pid-file={self.pid_path}",
+            f"--max-connections={self.max_connections}",
+            "--skip-name-resolve",
+            "--character-set-server=utf8mb4",
+            "--collation-server=utf8mb4_general_ci",
+            *self._user_args(),
+            *self.extra_options,
+        ]
+
+    def _connect(self, dbname: str | None = None) -> pymysql.Connection[
+        pymysql.cursors.Cursor
+    ]:
+        return pymysql.connect(
+            host=LOOPBACK,
+            port=self._port,
+            user="root",
+            password="",
+            database=dbname,
+            connect_timeout=2,
+            autocommit=True,
+        )
+
+    def _probe(self) -> str:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@datadir")
+                row = cur.fetchone()
+        finally:
+            conn.close()
+        return str(row[0]) if row else ""
+
+    def url(self, dbname: str = "mysql") -> str:
+        """``mysql://root@127.0.0.1:PORT/dbname``."""
+        return f"mysql://root@{LOOPBACK}:{self._port}/{_check_db_name(dbname)}"
+
+    def create_database(self, name: str) -> str:
+        """CREATE DATABASE ``name`` and return its URL."""
+        _check_db_name(name)
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE DATABASE `{name}`")
+        finally:
+            conn.close()
+        return self.url(name)
