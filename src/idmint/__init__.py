@@ -1,12 +1,12 @@
 """idmint: short, unique integer ids from the databases you already run.
 
-    import idmint
+import idmint
 
-    minter = idmint.connect()                  # sqlite:///./idmint.db
-    minter.add_key("order", start=100_000_000)
-    orders = minter.segment("order")
-    orders.next_id()
-    minter.close()                             # gives unused ids back
+minter = idmint.connect()                  # sqlite:///./idmint.db
+minter.add_key("order", start=100_000_000)
+orders = minter.segment("order")
+orders.next_id()
+minter.close()                             # gives unused ids back
 """
 
 from ._errors import (

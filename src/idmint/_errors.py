@@ -1,7 +1,7 @@
 """The one exception hierarchy of idmint.
 
     IdmintError
-     ├── InvalidArgument        bad input: a key name, a count, an option, a store URL (also ValueError)
+     ├── InvalidArgument        bad input: key name, count, option, store URL (a ValueError)
      │    └── DriverMissing      the store's driver is not installed: names the extra to install
      ├── KeyNotFound            the key is not in the store (also LookupError)
      ├── KeyExists              `add` of a key that is already there

@@ -5,7 +5,16 @@ from __future__ import annotations
 import threading
 
 from ._errors import Closed, InvalidArgument
-from .ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, Key, Range, check_count, check_key_bounds, check_key_name
+from .ids import (
+    DEFAULT_FIRST_ID,
+    DEFAULT_STEP,
+    ID_MAX,
+    Key,
+    Range,
+    check_count,
+    check_key_bounds,
+    check_key_name,
+)
 from .stores import DEFAULT_TIMEOUT, open_store
 from .stores.base import RangeStore
 from .strategies.segment import SegmentGenerator, SegmentOptions
@@ -14,10 +23,10 @@ from .strategies.segment import SegmentGenerator, SegmentOptions
 class Minter:
     """Keys and id generators on one store. Thread-safe; close it (or use `with`) when done.
 
-        with idmint.connect("postgresql://app@db/app") as minter:
-            minter.add_key("order", step=1000, start=100_000_000)
-            orders = minter.segment("order")
-            orders.next_id()
+    with idmint.connect("postgresql://app@db/app") as minter:
+        minter.add_key("order", step=1000, start=100_000_000)
+        orders = minter.segment("order")
+        orders.next_id()
     """
 
     def __init__(self, store: RangeStore, *, segment_options: SegmentOptions | None = None) -> None:
@@ -42,7 +51,7 @@ class Minter:
         *,
         step: int = DEFAULT_STEP,
         start: int = DEFAULT_FIRST_ID,
-        max: int = ID_MAX,  # noqa: A002 - the CLI's --max, kept the same name
+        max: int = ID_MAX,  # the CLI's --max: same name
         description: str = "",
     ) -> Key:
         """Create a key whose ids run from `start` to `max` (2**31 - 1 for a 32-bit key),

@@ -76,15 +76,33 @@ def keys() -> None:
 
 @keys.command("add")
 @click.argument("name")
-@click.option("--step", type=int, default=DEFAULT_STEP, show_default=True,
-              help="Ids per range taken from the store (the dynamic step grows from here).")
-@click.option("--start", type=int, default=DEFAULT_FIRST_ID, show_default=True,
-              help="The first id, e.g. above legacy ids.")
-@click.option("--max", "max_", type=int, default=ID_MAX, show_default=True,
-              help=f"The largest id; {UINT31_MAX} for a 32-bit key.")
+@click.option(
+    "--step",
+    type=int,
+    default=DEFAULT_STEP,
+    show_default=True,
+    help="Ids per range taken from the store (the dynamic step grows from here).",
+)
+@click.option(
+    "--start",
+    type=int,
+    default=DEFAULT_FIRST_ID,
+    show_default=True,
+    help="The first id, e.g. above legacy ids.",
+)
+@click.option(
+    "--max",
+    "max_",
+    type=int,
+    default=ID_MAX,
+    show_default=True,
+    help=f"The largest id; {UINT31_MAX} for a 32-bit key.",
+)
 @click.option("--description", default="", help="Free text, up to 256 characters.")
 @click.pass_context
-def keys_add(ctx: click.Context, name: str, step: int, start: int, max_: int, description: str) -> None:
+def keys_add(
+    ctx: click.Context, name: str, step: int, start: int, max_: int, description: str
+) -> None:
     """Create key NAME."""
     with _minter(ctx) as minter:
         key = minter.add_key(name, step=step, start=start, max=max_, description=description)
@@ -104,8 +122,15 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
         return
     rows = [("KEY", "NEXT", "STEP", "FIRST", "MAX", "REMAINING", "UPDATED")]
     rows += [
-        (k.name, str(max(k.max_id, k.first_id)), str(k.step), str(k.first_id), str(k.last_id),
-         str(k.remaining), _when(k))
+        (
+            k.name,
+            str(max(k.max_id, k.first_id)),
+            str(k.step),
+            str(k.first_id),
+            str(k.last_id),
+            str(k.remaining),
+            _when(k),
+        )
         for k in all_keys
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -137,10 +162,11 @@ def keys_raise(ctx: click.Context, name: str, to: int) -> None:
     with _minter(ctx) as minter:
         before = minter.key(name)
         key = minter.raise_floor(name, to)
-    if key.max_id == before.max_id and key.first_id == before.first_id:
-        click.echo(f"{name}: unchanged, next range already starts at {max(key.max_id, key.first_id)}")
+    start = max(key.max_id, key.first_id)
+    if (key.first_id, key.max_id) == (before.first_id, before.max_id):
+        click.echo(f"{name}: unchanged, the next range already starts at {start}")
     else:
-        click.echo(f"{name}: next range starts at {key.max_id}")
+        click.echo(f"{name}: the next range starts at {start}")
 
 
 @cli.command("next")

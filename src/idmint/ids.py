@@ -18,9 +18,7 @@ DEFAULT_STEP = 1000
 DEFAULT_FIRST_ID = 1
 
 KEY_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-KEY_NAME_RULE = (
-    "1 to 128 characters from A-Z a-z 0-9 . _ : -, starting with a letter or a digit"
-)
+KEY_NAME_RULE = "1 to 128 characters from A-Z a-z 0-9 . _ : -, starting with a letter or a digit"
 
 
 def check_key_name(name: str) -> str:

@@ -8,6 +8,7 @@ from a pool, and one connection keeps the number of server sessions predictable.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -92,12 +93,10 @@ class SqlRangeStore:
                 cur = conn.cursor()
                 for statement in self._dialect.on_connect:
                     cur.execute(statement)
-                try:
+                # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another process
+                # creating the same table; the table is there, which is the goal.
+                with contextlib.suppress(*self._dialect.duplicate):
                     cur.execute(self._dialect.create_table)
-                except self._dialect.duplicate:
-                    # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another
-                    # process creating the same table; the table is there, which is the goal.
-                    pass
             except BaseException:
                 conn.close()
                 raise
@@ -107,10 +106,8 @@ class SqlRangeStore:
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # already broken: closing is best effort
                 conn.close()
-            except Exception:  # noqa: S110 - already broken; closing is best effort
-                pass
 
     def _run(self, body: Callable[[Any], T], *, transaction: bool = True) -> T:
         """Run `body(cursor)` in one transaction; map driver errors to idmint's."""
@@ -135,7 +132,9 @@ class SqlRangeStore:
                 raise
             except self._dialect.unavailable as exc:
                 self._drop_connection()
-                raise StoreUnavailable(f"store {self.display_url} unavailable: {_one_line(exc)}") from exc
+                raise StoreUnavailable(
+                    f"store {self.display_url} unavailable: {_one_line(exc)}"
+                ) from exc
 
     def _key(self, cur: Any, name: str, *, lock: bool) -> Key:
         cur.execute(self._select_locked if lock else self._select, (name,))

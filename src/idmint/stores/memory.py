@@ -53,8 +53,9 @@ class MemoryRangeStore:
         with self._lock:
             return sorted(self._keys.values(), key=lambda key: key.name)
 
-    def _update(self, key: Key, **changes: int) -> Key:
-        key = replace(key, updated_at=datetime.now(UTC), **changes)
+    def _update(self, key: Key, *, max_id: int, first_id: int | None = None) -> Key:
+        first_id = key.first_id if first_id is None else first_id
+        key = replace(key, max_id=max_id, first_id=first_id, updated_at=datetime.now(UTC))
         self._keys[key.name] = key
         return key
 

@@ -37,7 +37,9 @@ def open_mysql(url: str, display_url: str, *, timeout: float) -> SqlRangeStore:
     parts = urlsplit(url)
     database = parts.path.lstrip("/")
     if not database or not parts.hostname:
-        raise InvalidArgument(f"bad MySQL URL {display_url!r}: use mysql://user:password@host:port/database")
+        raise InvalidArgument(
+            f"bad MySQL URL {display_url!r}: use mysql://user:password@host:port/database"
+        )
     try:
         port = parts.port or 3306
     except ValueError as exc:

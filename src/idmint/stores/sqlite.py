@@ -41,13 +41,13 @@ def sqlite_path(url: str) -> str:
 def open_sqlite(url: str, *, timeout: float) -> SqlRangeStore:
     path = sqlite_path(url)
     if path != ":memory:" and not Path(path).parent.is_dir():
-        raise InvalidArgument(f"bad SQLite URL {url!r}: directory {Path(path).parent} does not exist")
+        raise InvalidArgument(
+            f"bad SQLite URL {url!r}: directory {Path(path).parent} does not exist"
+        )
 
     def connect() -> sqlite3.Connection:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, as on the other engines.
-        return sqlite3.connect(
-            path, timeout=timeout, isolation_level=None, check_same_thread=False
-        )
+        return sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
 
     dialect = Dialect(
         connect=connect,

@@ -369,7 +369,7 @@ class SegmentGenerator:
                 if not self._store.give_back(self.key, r):
                     break
             except IdmintError as exc:
-                log.warning("key %r: could not give back %s..%s: %s", self.key, r.start, r.last, exc)
+                log.warning("key %r: could not give back %s: %s", self.key, r, exc)
                 break
             with self._cond:
                 self._given_back += len(r)
