@@ -217,6 +217,7 @@ class SegmentGenerator:
         `options.wait`; return at once if another thread already did. Called with `_cond` held.
         """
         deadline: float | None = None
+        waited = False
         while self._seg is spent:
             # Closed first: close() leaves `_next` in place until it has given it back.
             if self._closed:
@@ -225,9 +226,13 @@ class SegmentGenerator:
                 self._issued_before += spent.stop - spent.start
                 self._seg, self._next = self._next, None
                 return
+            # A failing refill (still retrying, just failed, or the one we waited for) answers
+            # for the store: fail fast rather than make every caller wait out the bound.
             error = self._error
             if error is not None and (
-                self._refilling or time.monotonic() - self._error_at < self.options.retry_after
+                waited
+                or self._refilling
+                or time.monotonic() - self._error_at < self.options.retry_after
             ):
                 raise self._fresh(error)
             if not self._refilling:
@@ -241,6 +246,7 @@ class SegmentGenerator:
                     f"{self.options.wait:g} s ({self._store.display_url})"
                 )
             self._cond.wait(deadline - now)
+            waited = True
 
     def _fresh(self, error: IdmintError) -> IdmintError:
         """A new exception for a stored refill error: raising one instance from many threads

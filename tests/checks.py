@@ -1,0 +1,39 @@
+"""Checkers every test uses: ids unique, inside bounds, ranges disjoint."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from idmint import Range
+
+
+def assert_unique(ids: Iterable[int]) -> int:
+    """Every id appears once; returns how many there were."""
+    ids = list(ids)
+    if len(set(ids)) != len(ids):
+        dupes = [i for i, n in Counter(ids).items() if n > 1]
+        raise AssertionError(f"{len(dupes)} duplicate ids, e.g. {sorted(dupes)[:10]}")
+    return len(ids)
+
+
+def assert_within(ids: Iterable[int], first: int, last: int) -> None:
+    """Every id lies in [first, last]."""
+    outside = [i for i in ids if not first <= i <= last]
+    assert not outside, f"{len(outside)} ids outside [{first}, {last}], e.g. {outside[:10]}"
+
+
+def assert_disjoint(ranges: Iterable[Range], parent: Range | None = None) -> None:
+    """Ranges pairwise disjoint and, given a parent, inside it."""
+    ordered = sorted((r for r in ranges if len(r)), key=lambda r: r.start)
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        assert a.stop <= b.start, f"ranges overlap: {a} and {b}"
+    if parent is not None and ordered:
+        assert parent.start <= ordered[0].start, f"{ordered[0]} starts below {parent}"
+        assert ordered[-1].stop <= parent.stop, f"{ordered[-1]} ends above {parent}"
+
+
+def assert_increasing(ids: list[int]) -> None:
+    """Strictly increasing, as one thread's ids are."""
+    bad = [(a, b) for a, b in zip(ids, ids[1:], strict=False) if a >= b]
+    assert not bad, f"{len(bad)} steps not increasing, e.g. {bad[:5]}"

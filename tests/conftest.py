@@ -1,0 +1,59 @@
+"""Fixtures: real PostgreSQL and MariaDB servers started from the installed binaries, and a
+fresh database on every store for each test that asks for one."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servers import MariaDBServer, PostgresServer
+
+# In CI every server must be there: a missing one is a failure, never a skip.
+STORES = ("memory", "sqlite", "postgres", "mariadb")
+SHARED_STORES = ("sqlite", "postgres", "mariadb")  # those other processes can reach
+
+_db_numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDBServer]:
+    server = MariaDBServer()
+    server.start()
+    yield server
+    server.close()
+
+
+def fresh_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL to an empty store of `kind`, private to the calling test."""
+    name = f"t{os.getpid()}_{next(_db_numbers)}"
+    if kind == "memory":
+        return f"memory://{name}"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'idmint.db'}"
+    server = request.getfixturevalue("postgres" if kind == "postgres" else "mariadb")
+    url: str = server.create_database(name)
+    return url
+
+
+@pytest.fixture(params=STORES)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty store of every kind, in turn."""
+    return fresh_store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=SHARED_STORES)
+def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty store of every kind that several processes can share, in turn."""
+    return fresh_store_url(request.param, request, tmp_path)

@@ -1,0 +1,159 @@
+"""The RangeStore contract, run against every store on real servers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from checks import assert_disjoint, assert_unique
+from idmint import Exhausted, KeyExists, KeyNotFound, Range, RangeStore, open_store
+from idmint.ids import ID_MAX, UINT31_MAX
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[RangeStore]:
+    s = open_store(store_url)
+    s.init()
+    yield s
+    s.close()
+
+
+def add(store: RangeStore, name: str = "k", step: int = 10, first: int = 1, last: int = ID_MAX):
+    return store.add_key(name, step=step, first_id=first, last_id=last, description="d")
+
+
+def test_meets_the_protocol(store: RangeStore) -> None:
+    assert isinstance(store, RangeStore)
+
+
+def test_init_is_idempotent(store: RangeStore) -> None:
+    store.init()
+    store.init()
+    assert store.list_keys() == []
+
+
+def test_add_and_get(store: RangeStore) -> None:
+    key = add(store, "order", step=1000, first=100_000_000)
+    assert (key.name, key.step, key.first_id, key.max_id) == ("order", 1000, 100_000_000, 100_000_000)
+    assert key.last_id == ID_MAX and key.description == "d"
+    assert key.updated_at is not None
+    assert store.get_key("order") == key
+
+
+def test_add_twice_is_key_exists(store: RangeStore) -> None:
+    add(store, "order")
+    with pytest.raises(KeyExists):
+        add(store, "order")
+
+
+def test_unknown_key(store: RangeStore) -> None:
+    with pytest.raises(KeyNotFound):
+        store.get_key("nope")
+    with pytest.raises(KeyNotFound):
+        store.allocate("nope")
+    with pytest.raises(KeyNotFound):
+        store.raise_floor("nope", 5)
+    assert store.give_back("nope", Range(1, 2)) is False
+
+
+def test_list_is_sorted(store: RangeStore) -> None:
+    for name in ("b", "c", "a"):
+        add(store, name)
+    assert [k.name for k in store.list_keys()] == ["a", "b", "c"]
+
+
+def test_allocate_takes_consecutive_ranges(store: RangeStore) -> None:
+    add(store, "k", step=10, first=5)
+    first = store.allocate("k")
+    assert first.range == Range(5, 15)
+    assert first.key.max_id == 15 and first.key.step == 10
+    assert store.allocate("k", 3).range == Range(15, 18)
+    assert store.get_key("k").max_id == 18
+
+
+def test_bounded_key_is_clamped_then_exhausted(store: RangeStore) -> None:
+    add(store, "k32", step=1000, first=UINT31_MAX - 1499, last=UINT31_MAX)
+    assert len(store.allocate("k32").range) == 1000
+    last = store.allocate("k32").range
+    assert last == Range(UINT31_MAX - 499, UINT31_MAX + 1)
+    with pytest.raises(Exhausted) as info:
+        store.allocate("k32")
+    assert "k32" in str(info.value)
+    assert store.get_key("k32").remaining == 0
+
+
+def test_the_top_of_the_id_space(store: RangeStore) -> None:
+    add(store, "top", step=10, first=ID_MAX - 4)
+    assert store.allocate("top").range == Range(ID_MAX - 4, ID_MAX + 1)
+    with pytest.raises(Exhausted):
+        store.allocate("top", 1)
+
+
+def test_give_back_only_when_nobody_allocated_after(store: RangeStore) -> None:
+    add(store, "k", step=10)
+    a = store.allocate("k").range  # 1..10
+    assert store.give_back("k", Range(a.start + 4, a.stop)) is True
+    assert store.get_key("k").max_id == a.start + 4
+    b = store.allocate("k").range
+    assert b.start == a.start + 4
+    store.allocate("k")  # someone else allocates after b
+    assert store.give_back("k", Range(b.start + 1, b.stop)) is False
+    assert store.give_back("k", Range(b.stop, b.stop)) is False  # empty
+
+
+def test_give_back_never_undoes_a_raise(store: RangeStore) -> None:
+    add(store, "k", step=100)
+    held = store.allocate("k").range  # 1..100
+    store.raise_floor("k", held.stop)  # floor at exactly the held range's stop
+    assert store.give_back("k", Range(held.start + 10, held.stop)) is False
+    assert store.allocate("k").range.start == held.stop
+
+
+def test_raise_only_moves_up(store: RangeStore) -> None:
+    add(store, "k", step=10)
+    store.allocate("k")
+    key = store.raise_floor("k", 1000)
+    assert (key.first_id, key.max_id) == (1000, 1000)
+    assert store.allocate("k").range.start == 1000
+    key = store.raise_floor("k", 500)
+    assert (key.first_id, key.max_id) == (1000, 1010)
+
+
+def test_raise_beyond_the_maximum_is_refused(store: RangeStore) -> None:
+    add(store, "k", last=100)
+    with pytest.raises(ValueError, match="maximum 100"):
+        store.raise_floor("k", 101)
+    assert store.get_key("k").first_id == 1
+
+
+def test_concurrent_allocations_are_disjoint(store: RangeStore) -> None:
+    add(store, "k", step=7)
+    taken: list[Range] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(40):
+            r = store.allocate("k").range
+            with lock:
+                taken.append(r)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert_disjoint(taken, Range(1, store.get_key("k").max_id))
+    assert sum(map(len, taken)) == 4 * 40 * 7
+    assert_unique(i for r in taken for i in r)
+
+
+def test_two_store_objects_share_one_counter(store_url: str, store: RangeStore) -> None:
+    add(store, "k", step=10)
+    other = open_store(store_url)
+    try:
+        ranges = [store.allocate("k").range, other.allocate("k").range, store.allocate("k").range]
+    finally:
+        other.close()
+    assert ranges == [Range(1, 11), Range(11, 21), Range(21, 31)]
