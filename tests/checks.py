@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable
 
@@ -26,7 +27,7 @@ def assert_within(ids: Iterable[int], first: int, last: int) -> None:
 def assert_disjoint(ranges: Iterable[Range], parent: Range | None = None) -> None:
     """Ranges pairwise disjoint and, given a parent, inside it."""
     ordered = sorted((r for r in ranges if len(r)), key=lambda r: r.start)
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in itertools.pairwise(ordered):
         assert a.stop <= b.start, f"ranges overlap: {a} and {b}"
     if parent is not None and ordered:
         assert parent.start <= ordered[0].start, f"{ordered[0]} starts below {parent}"
@@ -35,5 +36,5 @@ def assert_disjoint(ranges: Iterable[Range], parent: Range | None = None) -> Non
 
 def assert_increasing(ids: list[int]) -> None:
     """Strictly increasing, as one thread's ids are."""
-    bad = [(a, b) for a, b in zip(ids, ids[1:], strict=False) if a >= b]
+    bad = [(a, b) for a, b in itertools.pairwise(ids) if a >= b]
     assert not bad, f"{len(bad)} steps not increasing, e.g. {bad[:5]}"

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import idmint
-from checks import assert_unique, assert_within
 from idmint.ids import ID_MAX
+
+from checks import assert_unique, assert_within
 
 WORKER = str(Path(__file__).with_name("worker.py"))
 

@@ -9,8 +9,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import idmint
-from checks import assert_increasing, assert_unique, assert_within
-from faulty import FaultyStore
 from idmint import (
     Closed,
     Exhausted,
@@ -23,6 +21,9 @@ from idmint import (
 )
 from idmint.ids import UINT31_MAX
 from idmint.stores.memory import MemoryRangeStore
+
+from checks import assert_increasing, assert_unique, assert_within
+from faulty import FaultyStore
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -10,10 +10,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from checks import assert_within
-from faulty import FaultyStore
 from idmint import Closed, Exhausted, SegmentGenerator, SegmentOptions, StoreUnavailable
 from idmint.stores.memory import MemoryRangeStore
+
+from checks import assert_within
+from faulty import FaultyStore
 
 FIRST = 1000
 

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from checks import assert_disjoint, assert_unique
-from idmint import Exhausted, KeyExists, KeyNotFound, Range, RangeStore, open_store
+from idmint import Exhausted, Key, KeyExists, KeyNotFound, Range, RangeStore, open_store
 from idmint.ids import ID_MAX, UINT31_MAX
+
+from checks import assert_disjoint, assert_unique
 
 
 @pytest.fixture
@@ -20,7 +21,9 @@ def store(store_url: str) -> Iterator[RangeStore]:
     s.close()
 
 
-def add(store: RangeStore, name: str = "k", step: int = 10, first: int = 1, last: int = ID_MAX):
+def add(
+    store: RangeStore, name: str = "k", step: int = 10, first: int = 1, last: int = ID_MAX
+) -> Key:
     return store.add_key(name, step=step, first_id=first, last_id=last, description="d")
 
 
@@ -36,7 +39,12 @@ def test_init_is_idempotent(store: RangeStore) -> None:
 
 def test_add_and_get(store: RangeStore) -> None:
     key = add(store, "order", step=1000, first=100_000_000)
-    assert (key.name, key.step, key.first_id, key.max_id) == ("order", 1000, 100_000_000, 100_000_000)
+    assert (key.name, key.step, key.first_id, key.max_id) == (
+        "order",
+        1000,
+        100_000_000,
+        100_000_000,
+    )
     assert key.last_id == ID_MAX and key.description == "d"
     assert key.updated_at is not None
     assert store.get_key("order") == key

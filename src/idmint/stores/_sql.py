@@ -45,6 +45,9 @@ class Dialect:
     duplicate: tuple[type[BaseException], ...] = ()
     #: Statements run once on every new connection.
     on_connect: Sequence[str] = ()
+    #: The engine's two-argument maximum, if it also has UPDATE ... RETURNING: then a whole
+    #: range is taken in one statement, one round trip (see SqlRangeStore.allocate).
+    greatest_with_returning: str | None = None
 
 
 def _as_datetime(value: object) -> datetime | None:
@@ -76,6 +79,13 @@ class SqlRangeStore:
         self._set_max = f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} WHERE name = {p}"
         self._set_floor = (
             f"UPDATE {TABLE} SET first_id = {p}, max_id = {p}, updated_at = {now} WHERE name = {p}"
+        )
+        g = dialect.greatest_with_returning
+        # Takes a whole range or nothing; written so no expression can overflow a BIGINT.
+        self._take_whole = g and (
+            f"UPDATE {TABLE} SET max_id = {g}(max_id, first_id) + COALESCE({p}, step), "
+            f"updated_at = {now} WHERE name = {p} "
+            f"AND COALESCE({p}, step) <= last_id + 1 - {g}(max_id, first_id) RETURNING {COLUMNS}"
         )
         self._give_back = (
             f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} "
@@ -171,6 +181,20 @@ class SqlRangeStore:
         return self._run(body, transaction=False)
 
     def allocate(self, name: str, count: int | None = None) -> Allocation:
+        if self._take_whole:
+            # One statement, atomic on its own: the row lock is held for one round trip.
+            def take_whole(cur: Any) -> Any:
+                cur.execute(self._take_whole, (count, name, count))
+                return cur.fetchone()
+
+            row = self._run(take_whole, transaction=False)
+            if row is not None:
+                key = _row_to_key(row)
+                size = key.step if count is None else count
+                return Allocation(Range(key.max_id - size, key.max_id), key)
+            # No row: an unknown key, or fewer ids left than a whole range. The transaction
+            # below tells which, and clamps the range of a bounded key at its end.
+
         def body(cur: Any) -> Allocation:
             taken = next_range(self._key(cur, name, lock=True), count)
             cur.execute(self._set_max, (taken.stop, name))

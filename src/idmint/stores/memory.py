@@ -68,7 +68,12 @@ class MemoryRangeStore:
     def give_back(self, name: str, unused: Range) -> bool:
         with self._lock:
             key = self._keys.get(name)
-            if key is None or not unused or key.max_id != unused.stop or unused.start < key.first_id:
+            if (
+                key is None
+                or not unused
+                or key.max_id != unused.stop
+                or unused.start < key.first_id
+            ):
                 return False
             self._update(key, max_id=unused.start)
             return True

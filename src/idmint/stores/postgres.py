@@ -55,5 +55,6 @@ def open_postgres(url: str, display_url: str, *, timeout: float) -> SqlRangeStor
         param="%s",
         unavailable=(psycopg.OperationalError, psycopg.InterfaceError),
         duplicate=(psycopg.errors.UniqueViolation,),
+        greatest_with_returning="GREATEST",
     )
     return SqlRangeStore(dialect, display_url)

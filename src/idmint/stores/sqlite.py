@@ -58,6 +58,7 @@ def open_sqlite(url: str, *, timeout: float) -> SqlRangeStore:
         param="?",
         unavailable=(sqlite3.OperationalError,),
         duplicate=(sqlite3.IntegrityError,),
+        greatest_with_returning="max" if sqlite3.sqlite_version_info >= (3, 35) else None,
         on_connect=(
             "PRAGMA journal_mode=WAL",
             "PRAGMA synchronous=FULL",

@@ -264,13 +264,20 @@ class SegmentGenerator:
     # -- refills -----------------------------------------------------------------------------
 
     def _start_refill(self) -> None:
-        """Load the next range on a new background thread. Called with `_cond` held."""
+        """Ask the refiller thread for the next range. Called with `_cond` held.
+
+        The thread is made once, here in the constructor's call: starting a thread blocks the
+        caller until the new thread runs, which would cost the hot path a millisecond.
+        """
         self._refilling = True
         self._error = None
-        self._refill_thread = threading.Thread(
-            target=self._refill, name=f"idmint-refill-{self.key}", daemon=True
-        )
-        self._refill_thread.start()
+        if self._refill_thread is None:
+            self._refill_thread = threading.Thread(
+                target=self._refiller, name=f"idmint-refill-{self.key}", daemon=True
+            )
+            self._refill_thread.start()
+        else:
+            self._cond.notify_all()
 
     def _choose_step(self) -> int | None:
         """Leaf's dynamic step: double while ranges last under `grow_below`, halve when one
@@ -285,9 +292,22 @@ class SegmentGenerator:
             return max(self._key_step, self._step // 2)
         return max(self._key_step, self._step)
 
-    def _refill(self) -> None:
-        with self._cond:
-            step = self._choose_step()
+    def _refiller(self) -> None:
+        """The refiller thread: loads a range each time one is asked for, until close."""
+        while True:
+            with self._cond:
+                while not self._refilling and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    self._refilling = False
+                    self._cond.notify_all()
+                    return
+                step = self._choose_step()
+            self._refill(step)
+
+    def _refill(self, step: int | None) -> None:
+        """Load one range, retrying store failures with back-off. Always ends with
+        `_refilling` False: a range installed, a final error stored, or the generator closed."""
         backoff = 0.01
         failing_since: float | None = None
         while not self._stopping.is_set():

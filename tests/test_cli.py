@@ -1,0 +1,157 @@
+"""The `idmint` command: what a user types, what they see, and the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from idmint.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def test_the_readme_walkthrough(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    assert run(capsys, "--store", url, "init")[0] == 0
+    code, out, _ = run(
+        capsys, "--store", url, "keys", "add", "order", "--step", "1000", "--start", "100000000"
+    )
+    assert code == 0 and "order" in out
+    code, out, _ = run(
+        capsys, "--store", url, "keys", "add", "ticket", "--start", "1", "--max", "2147483647"
+    )
+    assert code == 0
+    code, out, _ = run(capsys, "--store", url, "next", "order", "-n", "5")
+    assert (code, out) == (0, "100000000\n100000001\n100000002\n100000003\n100000004\n")
+    code, out, _ = run(capsys, "--store", url, "next", "order")
+    assert (code, out) == (0, "100000005\n")
+    code, out, _ = run(capsys, "--store", url, "keys", "list")
+    assert code == 0
+    assert out.splitlines()[0].split()[:3] == ["KEY", "NEXT", "STEP"]
+    assert out.splitlines()[1].split()[:2] == ["order", "100000006"]
+    code, out, _ = run(capsys, "--store", url, "keys", "show", "ticket", "--json")
+    shown = json.loads(out)
+    assert (shown["start"], shown["max"], shown["remaining"]) == (1, 2147483647, 2147483647)
+
+
+def test_raise(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    run(capsys, "--store", url, "keys", "add", "legacy")
+    code, out, _ = run(capsys, "--store", url, "keys", "raise", "legacy", "--to", "5000")
+    assert code == 0 and "5000" in out
+    code, out, _ = run(capsys, "--store", url, "keys", "raise", "legacy", "--to", "10")
+    assert code == 0 and "unchanged" in out
+    assert run(capsys, "--store", url, "next", "legacy")[1] == "5000\n"
+
+
+def test_env_var_names_the_store(
+    capsys: pytest.CaptureFixture[str], url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IDMINT_STORE", url)
+    run(capsys, "keys", "add", "e", "--start", "42")
+    assert run(capsys, "next", "e")[1] == "42\n"
+
+
+def test_exhausted_key_prints_what_it_got_then_fails(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    run(capsys, "--store", url, "keys", "add", "tiny", "--start", "1", "--max", "3")
+    code, out, err = run(capsys, "--store", url, "next", "tiny", "-n", "5")
+    assert (code, out) == (1, "1\n2\n3\n")
+    assert err.count("\n") == 1 and "exhausted" in err
+    code, out, err = run(capsys, "--store", url, "next", "tiny")
+    assert (code, out) == (1, "") and "exhausted" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["next", "nope"], "not found"),
+        (["next", "order", "-n", "0"], "count must be"),
+        (["next", "order", "-n", "-3"], "count must be"),
+        (["next", "order", "-n", "lots"], "not a valid integer"),
+        (["next"], "Missing argument"),
+        (["keys", "add", "bad name"], "bad key name"),
+        (["keys", "add", "x", "--start", "10", "--max", "5"], "below start"),
+        (["keys", "add", "x", "--step", "0"], "step must be"),
+        (["keys", "add", "order"], "already exists"),
+        (["keys", "raise", "order", "--to", "-1"], "cannot raise"),
+        (["keys", "show", "nope"], "not found"),
+        (["frobnicate"], "No such command"),
+        (["--store", "oracle://x", "next", "order"], "bad store URL"),
+        (["--store", "sqlite:///no/such/dir/x.db", "next", "order"], "does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], url: str, args: list[str], message: str
+) -> None:
+    run(capsys, "--store", url, "keys", "add", "order")
+    if args[0] != "--store":
+        args = ["--store", url, *args]
+    code, out, err = run(capsys, *args)
+    assert code == 2, err
+    assert out == ""
+    assert err.startswith("idmint: error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://idmint@127.0.0.1:1/x", "mysql://idmint@127.0.0.1:1/x"]
+)
+def test_unreachable_store_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    code, out, err = run(capsys, "--store", url, "--timeout", "1", "next", "order")
+    assert (code, out) == (1, "")
+    assert err.startswith("idmint: error: store ") and "unavailable" in err
+    assert err.count("\n") == 1
+
+
+def test_password_never_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "--store", "postgresql://u:s3cret@127.0.0.1:1/x", "next", "k")
+    assert code == 1 and "s3cret" not in err and "u:***@" in err
+
+
+def test_python_dash_m_and_no_traceback(tmp_path: Path) -> None:
+    env = {**os.environ, "IDMINT_STORE": f"sqlite:///{tmp_path / 'm.db'}"}
+    ok = subprocess.run(
+        [sys.executable, "-m", "idmint", "keys", "add", "m"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "idmint", "next", "m", "-n", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    got = subprocess.run(
+        [sys.executable, "-m", "idmint", "next", "m", "-n", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert got.stdout == "1\n2\n"
+
+
+def test_on_postgres_and_mariadb(capsys: pytest.CaptureFixture[str], shared_store_url: str) -> None:
+    assert run(capsys, "--store", shared_store_url, "keys", "add", "o", "--start", "7")[0] == 0
+    assert run(capsys, "--store", shared_store_url, "next", "o", "-n", "2")[1] == "7\n8\n"
