@@ -47,6 +47,13 @@ def test_the_readme_walkthrough(capsys: pytest.CaptureFixture[str], url: str) ->
     assert (shown["start"], shown["max"], shown["remaining"]) == (1, 2147483647, 2147483647)
 
 
+def test_add_exist_ok(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    assert run(capsys, "--store", url, "keys", "add", "o", "--start", "9")[0] == 0
+    code, out, _ = run(capsys, "--store", url, "keys", "add", "o", "--exist-ok")
+    assert code == 0 and "exists" in out
+    assert run(capsys, "--store", url, "next", "o")[1] == "9\n"
+
+
 def test_raise(capsys: pytest.CaptureFixture[str], url: str) -> None:
     run(capsys, "--store", url, "keys", "add", "legacy")
     code, out, _ = run(capsys, "--store", url, "keys", "raise", "legacy", "--to", "5000")

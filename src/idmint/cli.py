@@ -99,13 +99,27 @@ def keys() -> None:
     help=f"The largest id; {UINT31_MAX} for a 32-bit key.",
 )
 @click.option("--description", default="", help="Free text, up to 256 characters.")
+@click.option("--exist-ok", is_flag=True, help="A key of that name already there is not an error.")
 @click.pass_context
 def keys_add(
-    ctx: click.Context, name: str, step: int, start: int, max_: int, description: str
+    ctx: click.Context,
+    name: str,
+    step: int,
+    start: int,
+    max_: int,
+    description: str,
+    exist_ok: bool,
 ) -> None:
     """Create key NAME."""
     with _minter(ctx) as minter:
-        key = minter.add_key(name, step=step, start=start, max=max_, description=description)
+        try:
+            key = minter.add_key(name, step=step, start=start, max=max_, description=description)
+        except KeyExists:
+            if not exist_ok:
+                raise
+            key = minter.key(name)
+            click.echo(f"{key.name} exists: ids {key.first_id}..{key.last_id}, step {key.step}")
+            return
         click.echo(f"added {key.name}: ids {key.first_id}..{key.last_id}, step {key.step}")
 
 
