@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from idmint import Range
 
@@ -38,3 +39,12 @@ def assert_increasing(ids: list[int]) -> None:
     """Strictly increasing, as one thread's ids are."""
     bad = [(a, b) for a, b in itertools.pairwise(ids) if a >= b]
     assert not bad, f"{len(bad)} steps not increasing, e.g. {bad[:5]}"
+
+
+def run_threads(target: Callable[[], None], count: int) -> None:
+    """Run `target` on `count` threads at once and wait for them all."""
+    threads = [threading.Thread(target=target) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -133,30 +133,21 @@ def test_password_never_printed(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_python_dash_m_and_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "IDMINT_STORE": f"sqlite:///{tmp_path / 'm.db'}"}
-    ok = subprocess.run(
-        [sys.executable, "-m", "idmint", "keys", "add", "m"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+
+    def python_m(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "idmint", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    ok = python_m("keys", "add", "m")
     assert ok.returncode == 0, ok.stderr
-    bad = subprocess.run(
-        [sys.executable, "-m", "idmint", "next", "m", "-n", "x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    bad = python_m("next", "m", "-n", "x")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    got = subprocess.run(
-        [sys.executable, "-m", "idmint", "next", "m", "-n", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert got.stdout == "1\n2\n"
+    assert python_m("next", "m", "-n", "2").stdout == "1\n2\n"
 
 
 def test_on_postgres_and_mariadb(capsys: pytest.CaptureFixture[str], shared_store_url: str) -> None:

@@ -22,7 +22,7 @@ from idmint import (
 from idmint.ids import UINT31_MAX
 from idmint.stores.memory import MemoryRangeStore
 
-from checks import assert_increasing, assert_unique, assert_within
+from checks import assert_increasing, assert_unique, assert_within, run_threads
 from faulty import FaultyStore
 
 
@@ -54,11 +54,7 @@ def test_ids_increase_and_are_unique_across_threads(memory: MemoryRangeStore) ->
         ids = [gen.next_id() for _ in range(30_000)] + gen.next_ids(20_000)
         per_thread.append(ids)
 
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 8)
     for ids in per_thread:
         assert_increasing(ids)
     assert assert_unique(i for ids in per_thread for i in ids) == 8 * 50_000

@@ -10,7 +10,7 @@ import pytest
 from idmint import Exhausted, Key, KeyExists, KeyNotFound, Range, RangeStore, open_store
 from idmint.ids import ID_MAX, UINT31_MAX
 
-from checks import assert_disjoint, assert_unique
+from checks import assert_disjoint, assert_unique, run_threads
 
 
 @pytest.fixture
@@ -147,11 +147,7 @@ def test_concurrent_allocations_are_disjoint(store: RangeStore) -> None:
             with lock:
                 taken.append(r)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     assert_disjoint(taken, Range(1, store.get_key("k").max_id))
     assert sum(map(len, taken)) == 4 * 40 * 7
     assert_unique(i for r in taken for i in r)
