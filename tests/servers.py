@@ -13,11 +13,17 @@ Typical use::
         pg.kill()                        # SIGKILL, simulated crash
         pg.start()                       # crash recovery, same port
 
+Public API: ``free_port()``, ``wait_until()``, ``PostgresServer``,
+``MariaDBServer`` (``start``, ``stop``, ``restart``, ``kill``, ``close``,
+``is_running``, ``url``, ``create_database``, ``port``, ``pid``,
+``base_dir``, ``data_dir``, ``log_path``) and ``ServerStartError``.
+
 Servers are started in their own session (so a Ctrl-C aimed at pytest does
 not reach them first).  They cannot outlive the test process: an ``atexit``
-hook kills any server still running, and a tiny watchdog process per server
-kills it if the test process dies without running ``atexit`` (SIGKILL,
-``os._exit``).
+hook kills any server still running and removes its directory, and a tiny
+watchdog process per server kills it if the test process dies without
+running ``atexit`` (SIGKILL, SIGTERM, ``os._exit``); the temporary
+directory is then left behind.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ __all__ = [
     "MariaDBServer",
     "PostgresServer",
     "ServerStartError",
+    "find_mariadb_binaries",
+    "find_postgres_bindir",
     "free_port",
     "wait_until",
 ]
@@ -161,34 +169,75 @@ def _log_tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:]) if text else "<empty>"
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while a non-zombie process is left in process group ``pgid``.
+def _server_pids(data_dir: Path) -> set[int]:
+    """Live processes whose working directory is ``data_dir``.
 
-    Zombies are ignored: orphans are re-parented to PID 1, which in some
-    containers never reaps them, and a zombie holds no resources that
-    would stop the server from starting again.
+    Both servers chdir to their data directory and their children inherit
+    it, so this finds every process of a server, also after it has been
+    orphaned.  (The process group would not do: each PostgreSQL child calls
+    setsid().)  Zombies do not count: they hold nothing, and PID 1 of a
+    container may be slow to reap orphans.  Empty without /proc.
     """
     proc = Path("/proc")
     if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return set()
+    target = os.path.realpath(data_dir)
+    found: set[int] = set()
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
+            if os.readlink(entry / "cwd") != target:
+                continue
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # "pid (comm) state ppid pgrp ..."; comm may contain spaces/parens.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in "ZX":
+        # "pid (comm) state ..."; comm may contain spaces and parentheses.
+        state = stat[stat.rfind(")") + 2 :][:1]
+        if state not in ("Z", "X", "x", ""):
+            found.add(int(entry.name))
+    return found
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _kill_server_processes(
+    proc: subprocess.Popen[bytes], data_dir: Path, timeout: float = 10.0
+) -> bool:
+    """SIGKILL a server's main process and all its other processes.
+
+    Everything is frozen with SIGSTOP first, so no process keeps working
+    (or forks) after its siblings are gone; then all get SIGKILL.  Returns
+    True once nothing is left, False if something survived ``timeout``.
+    """
+
+    def targets() -> set[int]:
+        pids = _server_pids(data_dir)
+        if proc.poll() is None:
+            pids.add(proc.pid)
+        return pids
+
+    frozen: set[int] = set()
+    for _ in range(20):
+        new = targets() - frozen
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        frozen |= new
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = targets()
+        if not pids:
             return True
-    return False
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
@@ -211,18 +260,27 @@ def _find_executable(*names: str) -> str | None:
 
 
 # --------------------------------------------------------------------------
-# watchdog: kills the server's process group if the test process dies hard
+# watchdog: kills the server if the test process dies hard
 # --------------------------------------------------------------------------
 
 _WATCHDOG_CODE = """\
-import os, signal, sys
+import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if sys.stdin.buffer.read(1) != b"q":
     try:
         os.killpg(int(sys.argv[1]), signal.SIGKILL)
-    except ProcessLookupError:
+    except OSError:
         pass
+    target = sys.argv[2]
+    for _ in range(3):
+        for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+            try:
+                if name.isdigit() and os.readlink("/proc/" + name + "/cwd") == target:
+                    os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
 """
 
 
@@ -230,15 +288,24 @@ class _Watchdog:
     """A helper process that reads a pipe from us.
 
     EOF without the disarm byte means we died: it then SIGKILLs the
-    server's process group.
+    server's process group and every process working in its data dir.
     """
 
-    def __init__(self, pgid: int) -> None:
+    def __init__(self, pgid: int, data_dir: Path) -> None:
         read_fd, write_fd = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _WATCHDOG_CODE, str(pgid)],
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-c",
+                    _WATCHDOG_CODE,
+                    str(pgid),
+                    os.path.realpath(data_dir),
+                ],
                 stdin=read_fd,
+                cwd="/",
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
@@ -290,6 +357,8 @@ class _Server:
     kind: ClassVar[str] = "server"
     _dir_prefix: ClassVar[str] = "idmint-server-"
     _stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+    # What a connection attempt to a server that is not up yet may raise.
+    _probe_errors: ClassVar[tuple[type[Exception], ...]] = (OSError,)
 
     def __init__(
         self,
@@ -335,9 +404,7 @@ class _Server:
         raise NotImplementedError
 
     def _same_data_dir(self, reported: str) -> bool:
-        return os.path.realpath(reported.rstrip("/")) == os.path.realpath(
-            self.data_dir
-        )
+        return os.path.realpath(reported.rstrip("/")) == os.path.realpath(self.data_dir)
 
     def _after_crash_cleanup(self) -> None:
         """Remove stale lock files once every server process is gone."""
@@ -378,7 +445,11 @@ class _Server:
             self._reap()
             if not self._initialized:
                 self._log_marker(f"initialising data directory {self.data_dir}")
-                self._initialize()
+                try:
+                    self._initialize()
+                except BaseException:
+                    shutil.rmtree(self.data_dir, ignore_errors=True)  # allow a retry
+                    raise
                 self._initialized = True
             # A port picked by free_port() can be lost to another process
             # before the server binds it; retry only while the port has not
@@ -413,9 +484,7 @@ class _Server:
                 try:
                     proc.wait(timeout=self.stop_timeout)
                 except subprocess.TimeoutExpired:
-                    self._log_marker("clean shutdown timed out, sending SIGKILL")
-                    _killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    self._log_marker("clean shutdown timed out, killing")
             self._finish_dead(proc)
 
     def restart(self) -> None:
@@ -427,9 +496,10 @@ class _Server:
     def kill(self) -> None:
         """Simulate a crash: SIGKILL the server and all its processes.
 
-        The whole process group is killed at once, so no orphaned backend
-        can keep working after the postmaster is gone.  start() afterwards
-        goes through the database's crash recovery.
+        All of them (postmaster and backends) are frozen and then killed
+        together, so no orphaned backend keeps working after the postmaster
+        is gone.  Returns once they are all dead.  start() afterwards goes
+        through the database's crash recovery.
         """
         with self._lock:
             proc = self._proc
@@ -438,8 +508,6 @@ class _Server:
             self._disarm_watchdog()
             if proc.poll() is None:
                 self._log_marker("sending SIGKILL")
-                _killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             self._finish_dead(proc)
 
     def close(self) -> None:
@@ -522,7 +590,7 @@ class _Server:
             proc = self._popen(argv, log)
         self._proc = proc
         try:
-            self._watchdog = _Watchdog(proc.pid)
+            self._watchdog = _Watchdog(proc.pid, self.data_dir)
         except BaseException:
             self.kill()
             raise
@@ -536,15 +604,14 @@ class _Server:
                 )
             try:
                 reported = self._probe()
-            except Exception as exc:
+            except self._probe_errors as exc:
                 last_error[0] = exc
                 return False
             if not self._same_data_dir(reported):
                 # Someone else's server answered on our port; ours will
                 # fail to bind and exit, which the check above reports.
                 last_error[0] = RuntimeError(
-                    f"port {self._port} is served by another server "
-                    f"(data dir {reported!r})"
+                    f"port {self._port} is served by another server (data dir {reported!r})"
                 )
                 return False
             return True
@@ -552,8 +619,10 @@ class _Server:
         what = f"{self.kind} on 127.0.0.1:{self._port} to accept connections"
         try:
             wait_until(ready, self.startup_timeout, what)
-        except (TimeoutError, ServerStartError) as exc:
+        except BaseException as exc:
             self.kill()
+            if not isinstance(exc, TimeoutError | ServerStartError):
+                raise
             detail = f"{exc}"
             if last_error[0] is not None:
                 detail += f"\nlast connection error: {last_error[0]!r}"
@@ -569,17 +638,13 @@ class _Server:
             watchdog.disarm()
 
     def _finish_dead(self, proc: subprocess.Popen[bytes]) -> None:
-        """The main process has exited: make sure its group is gone too."""
-        if _group_alive(proc.pid):
-            _killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            wait_until(
-                lambda: not _group_alive(proc.pid),
-                10.0,
-                f"{self.kind} child processes to exit",
-            )
-        if not _group_alive(proc.pid):
+        """Kill whatever is left of the server and forget it."""
+        all_gone = _kill_server_processes(proc, self.data_dir)
+        proc.wait()
+        if all_gone:
             self._after_crash_cleanup()
+        else:
+            self._log_marker(f"server processes survived SIGKILL: {_server_pids(self.data_dir)}")
         self._proc = None
         self._log_marker(f"exited with code {proc.returncode}")
 
@@ -592,8 +657,8 @@ class _Server:
 
     def _emergency_cleanup(self) -> None:
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            _killpg(proc.pid, signal.SIGKILL)
+        if proc is not None:
+            _kill_server_processes(proc, self.data_dir, timeout=5)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
         self._disarm_watchdog()
@@ -604,11 +669,10 @@ class _Server:
             _live_servers.discard(self)
 
 
-def _check_db_name(name: str) -> str:
-    if not _DB_NAME_RE.fullmatch(name):
+def _check_db_name(name: str, *, allow_empty: bool = False) -> str:
+    if not (allow_empty and name == "") and not _DB_NAME_RE.fullmatch(name):
         raise ValueError(
-            f"database name {name!r} must match {_DB_NAME_RE.pattern} "
-            "(letters, digits, underscore)"
+            f"database name {name!r} must match {_DB_NAME_RE.pattern} (letters, digits, underscore)"
         )
     return name
 
@@ -649,9 +713,7 @@ def find_postgres_bindir() -> Path:
                 timeout=30,
             )
             candidates.append(Path(out.stdout.strip()))
-    globbed = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin"), key=_pg_version_key, reverse=True
-    )
+    globbed = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_pg_version_key, reverse=True)
     candidates.extend(Path(p) for p in globbed)
     on_path = _find_executable("postgres")
     if on_path:
@@ -678,6 +740,7 @@ class PostgresServer(_Server):
     kind = "PostgreSQL"
     _dir_prefix = "idmint-pg-"
     _stop_signal = signal.SIGINT  # "fast" shutdown
+    _probe_errors = (psycopg.Error, OSError)
 
     def __init__(
         self,
@@ -691,18 +754,29 @@ class PostgresServer(_Server):
         self.bindir = find_postgres_bindir()
         self.max_connections = max_connections
         self.extra_settings = dict(extra_settings or {})
-        super().__init__(
-            port=port, startup_timeout=startup_timeout, stop_timeout=stop_timeout
-        )
+        self._os_user: pwd.struct_passwd | None = None
+        if _is_root():
+            # PostgreSQL refuses to run as root.
+            try:
+                self._os_user = pwd.getpwnam("postgres")
+            except KeyError:
+                raise ServerStartError(
+                    "running as root, but there is no 'postgres' OS user to run "
+                    "PostgreSQL as (PostgreSQL refuses to run as root)"
+                ) from None
+        super().__init__(port=port, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.socket_dir = self.base_dir / "sock"
-        self.socket_dir.mkdir()
-        self._os_user = pwd.getpwnam("postgres") if _is_root() else None
-        if self._os_user is not None:
-            for path in (self.base_dir, self.socket_dir):
-                os.chown(path, self._os_user.pw_uid, self._os_user.pw_gid)
-            # The server must be able to reach its directory.
-            _check_traversable(self.base_dir)
-        self.log_path.touch()
+        try:
+            self.socket_dir.mkdir()
+            self.log_path.touch()
+            if self._os_user is not None:
+                for path in (self.base_dir, self.socket_dir):
+                    os.chown(path, self._os_user.pw_uid, self._os_user.pw_gid)
+                # The server must be able to reach its directory.
+                _check_traversable(self.base_dir)
+        except BaseException:
+            self.close()
+            raise
 
     def _popen_env(self) -> dict[str, str] | None:
         env = {
@@ -777,8 +851,9 @@ class PostgresServer(_Server):
                 stale.unlink()
 
     def url(self, dbname: str = "postgres") -> str:
-        """``postgresql://postgres@127.0.0.1:PORT/dbname``."""
-        return f"postgresql://postgres@{LOOPBACK}:{self._port}/{_check_db_name(dbname)}"
+        """``postgresql://postgres@127.0.0.1:PORT/dbname`` (no password)."""
+        db = _check_db_name(dbname, allow_empty=True)
+        return f"postgresql://postgres@{LOOPBACK}:{self._port}/{db}"
 
     def create_database(self, name: str) -> str:
         """CREATE DATABASE ``name`` and return its URL."""
@@ -828,6 +903,7 @@ class MariaDBServer(_Server):
     kind = "MariaDB"
     _dir_prefix = "idmint-mariadb-"
     _stop_signal = signal.SIGTERM
+    _probe_errors = (pymysql.Error, OSError)
 
     def __init__(
         self,
@@ -841,9 +917,7 @@ class MariaDBServer(_Server):
         self.install_db, self.server_binary = find_mariadb_binaries()
         self.max_connections = max_connections
         self.extra_options = list(extra_options or [])
-        super().__init__(
-            port=port, startup_timeout=startup_timeout, stop_timeout=stop_timeout
-        )
+        super().__init__(port=port, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.socket_path = self.base_dir / "mysqld.sock"
         self.pid_path = self.base_dir / "mysqld.pid"
         self.log_path.touch()
@@ -883,21 +957,23 @@ class MariaDBServer(_Server):
             *self.extra_options,
         ]
 
-    def _connect(self, dbname: str | None = None) -> pymysql.Connection[
-        pymysql.cursors.Cursor
-    ]:
+    def _connect(self, io_timeout: float) -> pymysql.Connection[pymysql.cursors.Cursor]:
+        # PyMySQL's connect_timeout covers only the TCP connect; without a
+        # read timeout a process that accepts but never answers on our port
+        # would hang the handshake forever.
         return pymysql.connect(
             host=LOOPBACK,
             port=self._port,
             user="root",
             password="",
-            database=dbname,
             connect_timeout=2,
+            read_timeout=io_timeout,
+            write_timeout=io_timeout,
             autocommit=True,
         )
 
     def _probe(self) -> str:
-        conn = self._connect()
+        conn = self._connect(io_timeout=5)
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT @@datadir")
@@ -907,13 +983,14 @@ class MariaDBServer(_Server):
         return str(row[0]) if row else ""
 
     def url(self, dbname: str = "mysql") -> str:
-        """``mysql://root@127.0.0.1:PORT/dbname``."""
-        return f"mysql://root@{LOOPBACK}:{self._port}/{_check_db_name(dbname)}"
+        """``mysql://root@127.0.0.1:PORT/dbname`` (no password; "" = no database)."""
+        db = _check_db_name(dbname, allow_empty=True)
+        return f"mysql://root@{LOOPBACK}:{self._port}/{db}"
 
     def create_database(self, name: str) -> str:
         """CREATE DATABASE ``name`` and return its URL."""
         _check_db_name(name)
-        conn = self._connect()
+        conn = self._connect(io_timeout=120)
         try:
             with conn.cursor() as cur:
                 cur.execute(f"CREATE DATABASE `{name}`")

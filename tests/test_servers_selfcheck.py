@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -15,16 +16,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from servers import (  # noqa: E402
+import servers
+from servers import (
     MariaDBServer,
     PostgresServer,
+    ServerStartError,
     free_port,
     wait_until,
 )
 
 
-def _timed(label: str, fn: object) -> None:
-    assert callable(fn)
+def _timed(label: str, fn: Callable[[], None]) -> None:
     t0 = time.perf_counter()
     fn()
     print(f"{label}: {time.perf_counter() - t0:.3f}s")
@@ -35,15 +37,18 @@ def _timed(label: str, fn: object) -> None:
 
 def pg_exec(url: str, query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
     with psycopg.connect(url, autocommit=True) as conn:
-        cur = conn.execute(query, params)  # type: ignore[arg-type]
+        cur = conn.execute(query, params)
         return list(cur.fetchall()) if cur.description else []
 
 
 def my_exec(url: str, query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
     u = urlsplit(url)
     conn = pymysql.connect(
-        host=u.hostname, port=u.port or 3306, user=u.username or "root",
-        database=u.path.lstrip("/"), autocommit=True,
+        host=u.hostname,
+        port=u.port or 3306,
+        user=u.username or "root",
+        database=u.path.lstrip("/"),
+        autocommit=True,
     )
     try:
         with conn.cursor() as cur:
@@ -51,6 +56,14 @@ def my_exec(url: str, query: str, params: tuple[object, ...] = ()) -> list[tuple
             return list(cur.fetchall())
     finally:
         conn.close()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2] == "Z"
 
 
 # ---------------------------------------------------------------- generic
@@ -62,8 +75,13 @@ def test_free_port_distinct() -> None:
 
 
 def test_wait_until() -> None:
-    calls = []
-    wait_until(lambda: calls.append(1) or len(calls) >= 3, 5, "three calls")
+    calls: list[int] = []
+
+    def third_call() -> bool:
+        calls.append(1)
+        return len(calls) >= 3
+
+    wait_until(third_call, 5, "three calls")
     assert len(calls) == 3
     with pytest.raises(TimeoutError, match="never"):
         wait_until(lambda: False, 0.2, "never")
@@ -98,15 +116,19 @@ def test_postgres_lifecycle(pg: PostgresServer) -> None:
     pg_exec(url, "INSERT INTO t VALUES (1, 'one')")
 
     _timed("PG restart", pg.restart)
-    assert pg.is_running and pg.port == port
+    assert pg.is_running
+    assert pg.port == port
     assert pg_exec(url, "SELECT id, v FROM t") == [(1, "one")]
 
     # An open connection must see the server go away on kill().
     conn = psycopg.connect(url, autocommit=True)
     pg_exec(url, "INSERT INTO t VALUES (2, 'two')")
     old_pid = pg.pid
+    assert len(servers._server_pids(pg.data_dir)) >= 5  # postmaster + children + backend
     pg.kill()
-    assert not pg.is_running and pg.pid is None
+    assert servers._server_pids(pg.data_dir) == set()
+    assert not pg.is_running
+    assert pg.pid is None
     assert old_pid is not None
     with pytest.raises(psycopg.OperationalError):
         conn.execute("SELECT 1")
@@ -155,7 +177,7 @@ def test_postgres_context_manager_and_port_conflict() -> None:
         # A second server told to use a's port must fail clearly.
         b = PostgresServer(port=a.port, startup_timeout=10)
         try:
-            with pytest.raises(Exception, match="Address already in use|another server"):
+            with pytest.raises(Exception, match=r"Address already in use|another server"):
                 b.start()
         finally:
             b.close()
@@ -189,7 +211,8 @@ def test_mariadb_lifecycle(my: MariaDBServer) -> None:
     my_exec(url, "INSERT INTO t VALUES (1, 'one')")
 
     _timed("MariaDB restart", my.restart)
-    assert my.is_running and my.port == port
+    assert my.is_running
+    assert my.port == port
     assert my_exec(url, "SELECT id, v FROM t") == [(1, "one")]
 
     my_exec(url, "INSERT INTO t VALUES (2, 'two')")
@@ -253,4 +276,80 @@ def test_both_at_once_and_cleanup_of_dirs() -> None:
         assert my.base_dir.name.startswith("idmint-mariadb-")
         dirs = [pg.base_dir, my.base_dir]
     assert not any(d.exists() for d in dirs)
-    assert not pg.is_running and not my.is_running
+    assert not pg.is_running
+    assert not my.is_running
+
+
+# ---------------------------------------------------------------- failure paths
+
+
+def test_postgres_bad_setting_reports_log_tail() -> None:
+    server = PostgresServer(extra_settings={"no_such_setting": "1"}, startup_timeout=10)
+    try:
+        with pytest.raises(ServerStartError) as info:
+            server.start()
+        print(info.value)
+        assert "no_such_setting" in str(info.value)
+        assert not server.is_running
+    finally:
+        server.close()
+
+
+def test_mariadb_bad_option_reports_log_tail() -> None:
+    server = MariaDBServer(extra_options=["--no-such-option=1"], startup_timeout=10)
+    try:
+        with pytest.raises(ServerStartError) as info:
+            server.start()
+        print(info.value)
+        assert "no-such-option" in str(info.value)
+        assert not server.is_running
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("cls", [PostgresServer, MariaDBServer])
+def test_lost_port_race_is_retried(
+    cls: type[PostgresServer] | type[MariaDBServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken])
+        real_free_port = servers.free_port
+        monkeypatch.setattr(servers, "free_port", lambda: next(ports, None) or real_free_port())
+        with cls() as server:
+            assert server.port != taken
+            assert server.is_running
+            assert "Address already in use" in server.log_path.read_text()
+
+
+@pytest.mark.parametrize("cls", [PostgresServer, MariaDBServer])
+def test_restart_and_kill_with_open_connections(
+    cls: type[PostgresServer] | type[MariaDBServer],
+) -> None:
+    with cls() as server:
+        url = server.create_database("held")
+        execute = pg_exec if cls is PostgresServer else my_exec
+        closers: list[Callable[[], None]] = []
+        for _ in range(5):
+            if cls is PostgresServer:
+                closers.append(psycopg.connect(url).close)
+            else:
+                u = urlsplit(url)
+                closers.append(
+                    pymysql.connect(host=u.hostname, port=u.port or 0, user="root").close
+                )
+        t0 = time.perf_counter()
+        server.restart()
+        assert time.perf_counter() - t0 < 10
+        assert execute(url, "SELECT 1") == [(1,)]
+        before = servers._server_pids(server.data_dir)
+        assert server.pid in before
+        server.kill()
+        assert servers._server_pids(server.data_dir) == set()
+        assert all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in before)
+        server.start()
+        assert execute(url, "SELECT 1") == [(1,)]
+        for close in closers:
+            close()
