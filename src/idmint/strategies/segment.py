@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import islice
 
 from .._errors import Closed, Exhausted, IdmintError, InvalidArgument, KeyNotFound, StoreUnavailable
 from ..ids import Range, check_count, check_key_name
@@ -185,7 +184,9 @@ class SegmentGenerator:
         while len(ids) < count:
             seg = self._seg
             # Never draw more than the segment holds: draws past its end are thrown away.
-            drawn = list(islice(seg.ids, min(count - len(ids), max(1, seg.stop - seg.start))))
+            drawn = list(
+                itertools.islice(seg.ids, min(count - len(ids), max(1, seg.stop - seg.start)))
+            )
             limit = seg.limit  # read after the draws, as in next_id
             if drawn[-1] < limit:
                 ids += drawn
