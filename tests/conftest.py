@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from http_server import ServerProcess
 from servers import MariaDBServer, PostgresServer
 
 # In CI every server must be there: a missing one is a failure, never a skip.
@@ -57,3 +58,11 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty store of every kind that several processes can share, in turn."""
     return fresh_store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def idmint_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A running `idmint serve` on a fresh SQLite store."""
+    server = ServerProcess(f"sqlite:///{tmp_path / 'served.db'}").start()
+    yield server
+    server.stop()

@@ -9,6 +9,8 @@ orders.next_id()
 minter.close()                             # gives unused ids back
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._errors import (
     Closed,
     DriverMissing,
@@ -26,10 +28,25 @@ from .strategies.segment import SegmentGenerator, SegmentOptions, SegmentStats
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from .client import AsyncClient, Client
+
+
+def __getattr__(name: str) -> Any:
+    # The HTTP clients import httpx; load them only when asked for, to keep the CLI quick.
+    if name in ("Client", "AsyncClient"):
+        from . import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'idmint' has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_STORE_URL",
     "ID_MAX",
     "UINT31_MAX",
+    "AsyncClient",
+    "Client",
     "Closed",
     "DriverMissing",
     "Exhausted",

@@ -47,8 +47,9 @@ class KeyExists(IdmintError):
 class Exhausted(IdmintError):
     """A bounded key has handed out every id up to its maximum."""
 
-    def __init__(self, key: str, last_id: int) -> None:
-        super().__init__(f"key {key!r} is exhausted: every id up to its maximum {last_id} is used")
+    def __init__(self, key: str, last_id: int | None = None) -> None:
+        up_to = f" up to its maximum {last_id}" if last_id is not None else ""
+        super().__init__(f"key {key!r} is exhausted: every id{up_to} is used")
         self.key = key
         self.last_id = last_id
 

@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -132,7 +133,7 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
         all_keys = minter.keys()
     if as_json:
         for key in all_keys:
-            click.echo(json.dumps(_key_dict(key)))
+            click.echo(json.dumps(key.as_dict()))
         return
     rows = [("KEY", "NEXT", "STEP", "FIRST", "MAX", "REMAINING", "UPDATED")]
     rows += [
@@ -161,9 +162,9 @@ def keys_show(ctx: click.Context, name: str, as_json: bool) -> None:
     with _minter(ctx) as minter:
         key = minter.key(name)
     if as_json:
-        click.echo(json.dumps(_key_dict(key)))
+        click.echo(json.dumps(key.as_dict()))
         return
-    for field, value in _key_dict(key).items():
+    for field, value in key.as_dict().items():
         click.echo(f"{field + ':':<13}{value}")
 
 
@@ -199,17 +200,46 @@ def next_(ctx: click.Context, name: str, count: int) -> None:
         raise Exhausted(name, taken.last)
 
 
-def _key_dict(key: Key) -> dict[str, Any]:
-    return {
-        "name": key.name,
-        "next_id": max(key.max_id, key.first_id),
-        "step": key.step,
-        "start": key.first_id,
-        "max": key.last_id,
-        "remaining": key.remaining,
-        "description": key.description,
-        "updated_at": key.updated_at.isoformat() if key.updated_at else None,
-    }
+@cli.command()
+@click.option("--host", envvar="IDMINT_HOST", help="Address to listen on [default: 127.0.0.1].")
+@click.option("--port", envvar="IDMINT_PORT", type=int, help="Port [default: 8080].")
+@click.option("--workers", envvar="IDMINT_WORKERS", type=int, help="Worker processes [default: 1].")
+@click.option(
+    "--token",
+    envvar="IDMINT_TOKEN",
+    help="Bearer token for key admin; without one, admin answers on loopback only.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="IDMINT_CONFIG",
+    help="An idmint.toml with a [server] table.",
+)
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    host: str | None,
+    port: int | None,
+    workers: int | None,
+    token: str | None,
+    config_file: Path | None,
+) -> None:
+    """Serve ids over HTTP (Leaf-compatible routes, dashboard at /, metrics at /metrics)."""
+    from .server.config import ServerConfig, read_config_file
+    from .server.run import serve as run_server
+
+    values = read_config_file(config_file) if config_file else {}
+    for name in ("store", "timeout"):  # group options: a flag or env var beats the file
+        given = ctx.parent is not None and ctx.parent.get_parameter_source(name) not in (
+            click.core.ParameterSource.DEFAULT,
+            None,
+        )
+        if given or name not in values:
+            values[name] = ctx.obj[name]
+    flags = {"host": host, "port": port, "workers": workers, "token": token}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    run_server(ServerConfig.from_mapping(values))
 
 
 def _when(key: Key) -> str:

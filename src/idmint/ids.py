@@ -87,6 +87,26 @@ class Key:
     def exhausted(self) -> bool:
         return self.remaining == 0
 
+    @property
+    def bounded(self) -> bool:
+        """True when the key's maximum is below the 64-bit ceiling (a 32-bit key, say)."""
+        return self.last_id < ID_MAX
+
+    def as_dict(self) -> dict[str, object]:
+        """The key as the CLI's --json and the HTTP API show it: `start` and `max` are the
+        bounds, `next_id` where the next range taken by anyone starts."""
+        return {
+            "name": self.name,
+            "next_id": max(self.max_id, self.first_id),
+            "step": self.step,
+            "start": self.first_id,
+            "max": self.last_id,
+            "remaining": self.remaining,
+            "bounded": self.bounded,
+            "description": self.description,
+            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+        }
+
 
 def check_key_bounds(step: int, first_id: int, last_id: int) -> None:
     """Validate a new key's step and bounds, raising InvalidArgument with the reason."""

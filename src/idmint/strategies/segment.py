@@ -31,6 +31,11 @@ from ..stores.base import RangeStore
 
 log = logging.getLogger("idmint.segment")
 
+
+class _WouldBlock(Exception):
+    """Raised inside the slow path of a non-blocking call instead of waiting for the store."""
+
+
 MAX_BATCH = 1_000_000
 
 
@@ -87,6 +92,7 @@ class SegmentStats:
     refilling: bool
     last_refill_at: datetime | None
     last_refill_seconds: float | None
+    refill_seconds_total: float
     error: str | None
     closed: bool
 
@@ -164,6 +170,7 @@ class SegmentGenerator:
         self._refills = 0
         self._last_refill_at: datetime | None = None
         self._last_refill_seconds: float | None = None
+        self._refill_seconds_total = 0.0
         with self._cond:
             self._start_refill()  # warm up in the background
 
@@ -177,8 +184,28 @@ class SegmentGenerator:
             return i
         return self._next_id_slow(seg, i)
 
+    def try_next_id(self) -> int | None:
+        """Like next_id(), but None instead of waiting for the store: for event loops, which
+        then call next_id() on a thread. Errors are raised as by next_id()."""
+        seg = self._seg
+        i = next(seg.ids)
+        if i < seg.limit:
+            return i
+        try:
+            return self._next_id_slow(seg, i, block=False)
+        except _WouldBlock:
+            return None
+
     def next_ids(self, count: int) -> list[int]:
         """`count` ids (1 to 1,000,000), increasing."""
+        return self._next_ids(count, block=True)
+
+    def try_next_ids(self, count: int) -> list[int]:
+        """Up to `count` ids without waiting for the store: fewer (maybe none) when the buffered
+        ranges run out; ask for the rest with next_ids() on a thread."""
+        return self._next_ids(count, block=False)
+
+    def _next_ids(self, count: int, *, block: bool) -> list[int]:
         check_count(count, maximum=MAX_BATCH)
         ids: list[int] = []
         while len(ids) < count:
@@ -193,12 +220,15 @@ class SegmentGenerator:
                 continue
             cut = bisect.bisect_left(drawn, limit)
             ids += drawn[:cut]
-            ids.append(self._next_id_slow(seg, drawn[cut]))
+            try:
+                ids.append(self._next_id_slow(seg, drawn[cut], block=block))
+            except _WouldBlock:
+                return ids  # drawn[cut:] are past the range's end: not ids, nothing lost
             rest = drawn[cut + 1 :]
             ids += rest[: bisect.bisect_left(rest, seg.limit)]
         return ids
 
-    def _next_id_slow(self, seg: _Segment, i: int) -> int:
+    def _next_id_slow(self, seg: _Segment, i: int, *, block: bool = True) -> int:
         """`i` was drawn from `seg` at or past its limit: serve it if it is still inside the
         range (and start the preload), else move on to the next range."""
         with self._cond:
@@ -209,11 +239,11 @@ class SegmentGenerator:
                         if self._next is None and not self._refilling:
                             self._start_refill()
                     return i
-                self._advance(seg)
+                self._advance(seg, block)
                 seg = self._seg
                 i = next(seg.ids)
 
-    def _advance(self, spent: _Segment) -> None:
+    def _advance(self, spent: _Segment, block: bool = True) -> None:
         """Replace the spent current segment with the next one, waiting for it up to
         `options.wait`; return at once if another thread already did. Called with `_cond` held.
         """
@@ -238,6 +268,8 @@ class SegmentGenerator:
                 raise self._fresh(error)
             if not self._refilling:
                 self._start_refill()
+            if not block:
+                raise _WouldBlock
             now = time.monotonic()
             if deadline is None:
                 deadline = now + self.options.wait
@@ -356,6 +388,7 @@ class SegmentGenerator:
         self._refills += 1
         self._last_refill_at = datetime.now(UTC)
         self._last_refill_seconds = time.monotonic() - started
+        self._refill_seconds_total += self._last_refill_seconds
 
     # -- lifecycle and figures ---------------------------------------------------------------
 
@@ -420,6 +453,7 @@ class SegmentGenerator:
                 refilling=self._refilling,
                 last_refill_at=self._last_refill_at,
                 last_refill_seconds=self._last_refill_seconds,
+                refill_seconds_total=self._refill_seconds_total,
                 error=str(self._error) if self._error else None,
                 closed=self._closed,
             )

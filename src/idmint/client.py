@@ -1,0 +1,254 @@
+"""Clients of the idmint server: ids served locally from whole ranges the server hands out.
+
+    client = idmint.Client(["http://a:8080", "http://b:8080"])
+    orders = client.segment("order")
+    orders.next_id()
+
+`Client.segment()` is the library's own SegmentGenerator over `HttpRangeStore`, a range store
+whose `allocate` is `POST /v1/keys/{key}/ranges`: the same preload, dynamic step, bounds and
+typed errors as on a database, with the server as the store. Servers are tried in turn; one that
+does not answer or answers 5xx is skipped until the others fail too.
+
+`AsyncClient` shares all of it: its hot path is the same non-blocking call, and only a caller
+that finds nothing buffered waits, on a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from ._errors import (
+    Exhausted,
+    IdmintError,
+    InvalidArgument,
+    KeyExists,
+    KeyNotFound,
+    StoreUnavailable,
+)
+from .ids import Allocation, Key, Range, check_count, check_key_name
+from .strategies.segment import SegmentGenerator, SegmentOptions
+
+DEFAULT_TIMEOUT = 2.0
+
+
+class HttpRangeStore:
+    """A RangeStore backed by idmint servers, with failover between them."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise InvalidArgument("a client needs at least one server URL")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise InvalidArgument(f"bad server URL {url!r}: use http://host:port")
+        self.urls = [u.rstrip("/") for u in self.urls]
+        self.display_url = ",".join(self.urls)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+        self._preferred = 0
+        self._lock = threading.Lock()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send to the preferred server, failing over to the others on a connection error or
+        a 5xx; map 4xx answers to idmint's errors."""
+        failures = []
+        count = len(self.urls)
+        start = self._preferred
+        for offset in range(count):
+            index = (start + offset) % count
+            url = self.urls[index] + path
+            try:
+                response = self._http.request(method, url, **kwargs)
+            except httpx.HTTPError as exc:
+                failures.append(f"{self.urls[index]}: {type(exc).__name__}")
+                continue
+            if response.status_code >= 500:
+                failures.append(f"{self.urls[index]}: {response.status_code} {_reason(response)}")
+                continue
+            with self._lock:
+                self._preferred = index
+            if response.status_code >= 400:
+                raise _error_for(response, path)
+            return response.json()
+        raise StoreUnavailable("no idmint server answered: " + "; ".join(failures))
+
+    def init(self) -> None:
+        self._request("GET", "/livez")
+
+    def add_key(
+        self, name: str, *, step: int, first_id: int, last_id: int, description: str = ""
+    ) -> Key:
+        body = {
+            "name": name,
+            "step": step,
+            "start": first_id,
+            "max": last_id,
+            "description": description,
+        }
+        return _key(self._request("POST", "/v1/keys", json=body))
+
+    def get_key(self, name: str) -> Key:
+        return _key(self._request("GET", f"/v1/keys/{check_key_name(name)}"))
+
+    def list_keys(self) -> list[Key]:
+        return [_key(k) for k in self._request("GET", "/v1/keys")["keys"]]
+
+    def allocate(self, name: str, count: int | None = None) -> Allocation:
+        params = {"size": count} if count is not None else {}
+        data = self._request("POST", f"/v1/keys/{check_key_name(name)}/ranges", params=params)
+        taken = Range(int(data["start"]), int(data["stop"]))
+        step = int(data.get("step") or len(taken))
+        # What the client knows of the key: enough for the dynamic step (its floor is `step`).
+        key = Key(name, taken.stop, step, taken.start, taken.stop - 1)
+        return Allocation(taken, key)
+
+    def give_back(self, name: str, unused: Range) -> bool:
+        # Never over HTTP: the server cannot tell that a range returned by a client was that
+        # client's, and returning someone else's would repeat ids. The tail is skipped.
+        return False
+
+    def raise_floor(self, name: str, to: int) -> Key:
+        return _key(
+            self._request("POST", f"/v1/keys/{check_key_name(name)}/raise", json={"to": to})
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _reason(response: httpx.Response) -> str:
+    return " ".join(response.text.split())[:300]
+
+
+def _error_for(response: httpx.Response, path: str) -> IdmintError:
+    reason = _reason(response)
+    key = path.split("/")[3] if path.startswith("/v1/keys/") else ""
+    if response.status_code == 404 and key:
+        return KeyNotFound(key)
+    if response.status_code == 409:
+        return KeyExists(key or "?")
+    if response.status_code == 410:
+        return Exhausted(key)
+    if response.status_code in (401, 403):
+        return InvalidArgument(f"the server refused: {reason}")
+    return InvalidArgument(reason or f"HTTP {response.status_code}")
+
+
+def _key(data: dict[str, Any]) -> Key:
+    next_id = int(data["next_id"])
+    return Key(
+        str(data["name"]),
+        next_id,
+        int(data["step"]),
+        int(data["start"]),
+        int(data["max"]),
+        str(data.get("description") or ""),
+    )
+
+
+class _ClientBase:
+    """What Client and AsyncClient share: the servers, options and one generator per key."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        token: str | None = None,
+        segment_options: SegmentOptions | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.store = HttpRangeStore(urls, timeout=timeout, token=token, transport=transport)
+        self.segment_options = segment_options or SegmentOptions()
+        self._segments: dict[str, SegmentGenerator] = {}
+        self._lock = threading.Lock()
+
+    def _generator(self, key: str) -> SegmentGenerator:
+        check_key_name(key)
+        with self._lock:
+            gen = self._segments.get(key)
+            if gen is None:
+                gen = SegmentGenerator(self.store, key, self.segment_options)
+                self._segments[key] = gen
+            return gen
+
+    def take(self, key: str, count: int) -> Range:
+        """One range of `count` ids straight from a server."""
+        check_count(count)
+        return self.store.allocate(check_key_name(key), count).range
+
+    def _close(self) -> None:
+        with self._lock:
+            generators, self._segments = list(self._segments.values()), {}
+        for gen in generators:
+            gen.close()
+        self.store.close()
+
+
+class Client(_ClientBase):
+    """Ids from idmint servers, served in-process from ranges. Thread-safe.
+
+    with idmint.Client("http://localhost:8080") as client:
+        orders = client.segment("order")
+        orders.next_id()
+    """
+
+    def segment(self, key: str) -> SegmentGenerator:
+        """The key's generator: ids from ranges taken from the servers, prefetched."""
+        return self._generator(key)
+
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncSegment:
+    """A segment generator for event loops: never blocks the loop."""
+
+    def __init__(self, gen: SegmentGenerator) -> None:
+        self.generator = gen
+
+    async def next_id(self) -> int:
+        i = self.generator.try_next_id()
+        if i is None:
+            i = await asyncio.to_thread(self.generator.next_id)
+        return i
+
+    async def next_ids(self, count: int) -> list[int]:
+        ids = self.generator.try_next_ids(count)
+        if len(ids) < count:
+            ids += await asyncio.to_thread(self.generator.next_ids, count - len(ids))
+        return ids
+
+
+class AsyncClient(_ClientBase):
+    """Client for asyncio code: `await client.segment("order").next_id()`."""
+
+    def segment(self, key: str) -> AsyncSegment:
+        return AsyncSegment(self._generator(key))
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._close)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,499 @@
+"""The HTTP app: one request handler with an RSGI shell (granian) and an ASGI shell (uvicorn).
+
+The id routes call the generator's non-blocking hot path on the event loop; only when nothing is
+buffered does a request wait for the store, on a thread. Store reads for admin, readiness and
+metrics always run on a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs
+
+from .. import __version__
+from .._errors import (
+    Closed,
+    Exhausted,
+    IdmintError,
+    InvalidArgument,
+    KeyExists,
+    KeyNotFound,
+    StoreUnavailable,
+)
+from .._minter import Minter, connect
+from ..ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, check_key_name
+from ..strategies.segment import SegmentGenerator, SegmentOptions
+from .config import ServerConfig
+from .metrics import Counters, KeySnapshot, RateMeter, render_prometheus
+from .openapi import openapi_document
+
+log = logging.getLogger("idmint.server")
+
+MAX_IDS = 100_000
+MAX_RANGE = 10_000_000
+MAX_BODY = 64 * 1024
+NEGATIVE_CACHE_SECONDS = 1.0
+
+TEXT = "text/plain; charset=utf-8"
+JSON = "application/json"
+HTML = "text/html; charset=utf-8"
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+_HOT_HEADERS = [("content-type", TEXT)]
+_HOT_PREFIX = "/api/segment/get/"
+_NUMBER = re.compile(r"[0-9]{1,19}")
+
+STATUS_OF: list[tuple[type[IdmintError], int]] = [
+    (InvalidArgument, 400),
+    (KeyNotFound, 404),
+    (KeyExists, 409),
+    (Exhausted, 410),
+    (StoreUnavailable, 503),
+    (Closed, 503),
+]
+
+
+@dataclass
+class Response:
+    status: int
+    body: str
+    content_type: str = TEXT
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()):
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, headers
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: str
+    authorization: str | None
+    client: str
+    body: bytes
+
+    def param(self, name: str, default: int, maximum: int) -> int:
+        """An integer query parameter in [1, maximum]; anything else is a 400."""
+        values = parse_qs(self.query, keep_blank_values=True).get(name)
+        if not values:
+            return default
+        text = values[-1].strip()
+        if not _NUMBER.fullmatch(text) or not 1 <= int(text) <= maximum:
+            raise HttpError(400, f"{name} must be an integer from 1 to {maximum}, not {text!r}")
+        return int(text)
+
+    def json(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.body or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise HttpError(400, f"the body is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise HttpError(400, "the body must be a JSON object")
+        return data
+
+
+Handler = Callable[[Request, str | None], Awaitable[Response]]
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(status, json.dumps(data, separators=(",", ":")), JSON)
+
+
+def _int_field(data: dict[str, Any], name: str, default: int) -> int:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HttpError(400, f"{name} must be an integer, not {value!r}")
+    return value
+
+
+class App:
+    """The idmint server. Build it with a config (or from IDMINT_* variables) and serve it with
+    granian (RSGI) or any ASGI server."""
+
+    def __init__(self, config: ServerConfig | None = None, minter: Minter | None = None) -> None:
+        self.config = config or ServerConfig.from_env()
+        self._minter = minter
+        self.options = SegmentOptions(
+            wait=self.config.wait,
+            max_step=self.config.max_step,
+            preload_at=self.config.preload_at,
+        )
+        self.started = time.time()
+        self.shutting_down = False
+        self.counters = Counters()
+        self._gens: dict[str, SegmentGenerator] = {}
+        self._missing: dict[str, float] = {}
+        self._rates: dict[str, RateMeter] = {}
+        self._dashboard: str | None = None
+        self._routes: dict[str, dict[str, tuple[Handler, bool]]] = {
+            "/": {"GET": (self.dashboard, False)},
+            "/livez": {"GET": (self.livez, False)},
+            "/readyz": {"GET": (self.readyz, False)},
+            "/metrics": {"GET": (self.metrics, False)},
+            "/openapi.json": {"GET": (self.openapi, False)},
+            "/v1/stats": {"GET": (self.stats, False)},
+            "/v1/keys": {"GET": (self.list_keys, True), "POST": (self.add_key, True)},
+            "/api/segment/get/{key}": {"GET": (self.leaf_get, False)},
+            "/v1/keys/{key}": {"GET": (self.show_key, True)},
+            "/v1/keys/{key}/ids": {"GET": (self.ids, False)},
+            "/v1/keys/{key}/ranges": {"POST": (self.ranges, False)},
+            "/v1/keys/{key}/raise": {"POST": (self.raise_key, True)},
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def minter(self) -> Minter:
+        if self._minter is None:
+            self._minter = connect(
+                self.config.store, timeout=self.config.timeout, segment_options=self.options
+            )
+        return self._minter
+
+    def startup(self) -> None:
+        self.minter  # noqa: B018 - a bad store URL fails the start, not the first request
+        log.info("idmint %s serving %s (pid %d)", __version__, self.minter.url, os.getpid())
+
+    def shutdown(self) -> None:
+        """Stop being ready and give every unused tail back to the store."""
+        self.shutting_down = True
+        if self._minter is None:
+            return
+        generators = self._minter.generators()
+        self._minter.close()
+        returned = sum(gen.stats().given_back for gen in generators)
+        log.info("stopped; %d unused ids given back to the store", returned)
+
+    # -- RSGI (granian) ----------------------------------------------------------------------
+
+    def __rsgi_init__(self, loop: Any) -> None:
+        self.startup()
+
+    def __rsgi_del__(self, loop: Any) -> None:
+        self.shutdown()
+
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        path = scope.path
+        if scope.method == "GET" and path.startswith(_HOT_PREFIX):
+            # Leaf's route without the router: the generator's lock-free hot path, right here.
+            gen = self._gens.get(path[len(_HOT_PREFIX) :])
+            if gen is not None:
+                try:
+                    i = gen.try_next_id()
+                except IdmintError:
+                    i = None  # the full path below answers with the right status
+                if i is not None:
+                    proto.response_str(200, _HOT_HEADERS, str(i))
+                    return
+        body = b""
+        if scope.method in ("POST", "PUT", "PATCH"):
+            body = await proto()
+        client = scope.client.rsplit(":", 1)[0].strip("[]") if scope.client else ""
+        request = Request(
+            scope.method, path, scope.query_string, scope.headers.get("authorization"), client, body
+        )
+        response = await self.handle(request)
+        headers = [("content-type", response.content_type), *response.headers]
+        proto.response_str(response.status, headers, response.body)
+
+    # -- ASGI (uvicorn and others) -----------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    self.startup()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    self.shutdown()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > MAX_BODY:
+                break
+        headers = dict(scope.get("headers") or [])
+        auth = headers.get(b"authorization")
+        client = (scope.get("client") or ("", 0))[0]
+        request = Request(
+            scope["method"],
+            scope["path"],
+            scope.get("query_string", b"").decode(),
+            auth.decode("latin-1") if auth else None,
+            client,
+            body,
+        )
+        response = await self.handle(request)
+        raw = [(b"content-type", response.content_type.encode())]
+        raw += [(k.encode(), v.encode()) for k, v in response.headers]
+        await send({"type": "http.response.start", "status": response.status, "headers": raw})
+        await send({"type": "http.response.body", "body": response.body.encode()})
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def _match(self, path: str) -> tuple[str, str | None]:
+        """The route pattern and the key in it; ("", None) when nothing matches."""
+        if path in self._routes and "{" not in path:
+            return path, None
+        for prefix, suffix in (("/api/segment/get/", ""), ("/v1/keys/", "")):
+            if path.startswith(prefix):
+                rest = path[len(prefix) :]
+                if prefix == "/api/segment/get/":
+                    return "/api/segment/get/{key}", rest
+                key, _, tail = rest.partition("/")
+                pattern = "/v1/keys/{key}" + (f"/{tail}" if tail else suffix)
+                if pattern in self._routes:
+                    return pattern, key
+        return "", None
+
+    async def handle(self, request: Request) -> Response:
+        """Answer one request; every error becomes a status code and a one-line reason."""
+        pattern, key = self._match(request.path)
+        try:
+            if not pattern:
+                raise HttpError(404, f"no route {request.path}; see /openapi.json")
+            methods = self._routes[pattern]
+            if request.method not in methods:
+                allow = ", ".join(sorted(methods))
+                raise HttpError(
+                    405,
+                    f"{request.method} not allowed on {pattern}; use {allow}",
+                    (("allow", allow),),
+                )
+            if len(request.body) > MAX_BODY:
+                raise HttpError(413, f"the body is over {MAX_BODY} bytes")
+            handler, admin = methods[request.method]
+            if admin:
+                self._authorize(request)
+            if key is not None:
+                check_key_name(key)
+            return await handler(request, key)
+        except HttpError as exc:
+            self.counters.error(pattern or "unknown", exc.status)
+            return Response(exc.status, exc.reason + "\n", headers=exc.headers)
+        except IdmintError as exc:
+            status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 500)
+            self.counters.error(pattern, status)
+            return Response(status, " ".join(str(exc).split()) + "\n")
+        except Exception:
+            log.exception("unexpected error answering %s %s", request.method, request.path)
+            self.counters.error(pattern, 500)
+            return Response(500, "internal error; see the server log\n")
+
+    def _authorize(self, request: Request) -> None:
+        token = self.config.token
+        if token:
+            given = request.authorization or ""
+            scheme, _, value = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
+                raise HttpError(
+                    401,
+                    "this route needs the bearer token (Authorization: Bearer ...)",
+                    (("www-authenticate", 'Bearer realm="idmint"'),),
+                )
+            return
+        try:
+            loopback = ipaddress.ip_address(request.client).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise HttpError(
+                403,
+                "key admin answers only on loopback when no token is configured (set IDMINT_TOKEN)",
+            )
+
+    async def _generator(self, key: str) -> SegmentGenerator:
+        """The key's generator; made only for keys that exist, so a flood of made-up names
+        costs one store read per name per second and no threads."""
+        gen = self._gens.get(key)
+        if gen is not None:
+            return gen
+        now = time.monotonic()
+        if self._missing.get(key, 0.0) > now:
+            raise KeyNotFound(key)
+        try:
+            await asyncio.to_thread(self.minter.key, key)
+        except KeyNotFound:
+            if len(self._missing) > 10_000:
+                self._missing.clear()
+            self._missing[key] = now + NEGATIVE_CACHE_SECONDS
+            raise
+        gen = self._gens.get(key) or self.minter.segment(key)
+        self._gens[key] = gen
+        return gen
+
+    # -- id routes ---------------------------------------------------------------------------
+
+    async def leaf_get(self, request: Request, key: str | None) -> Response:
+        assert key is not None
+        gen = await self._generator(key)
+        i = gen.try_next_id()
+        if i is None:
+            i = await asyncio.to_thread(gen.next_id)
+        return Response(200, str(i))
+
+    async def ids(self, request: Request, key: str | None) -> Response:
+        assert key is not None
+        count = request.param("count", 1, MAX_IDS)
+        gen = await self._generator(key)
+        ids = gen.try_next_ids(count)
+        if len(ids) < count:
+            try:
+                ids += await asyncio.to_thread(gen.next_ids, count - len(ids))
+            except IdmintError:
+                if not ids:
+                    raise
+                # Fewer ids than asked, rather than losing the ones already drawn.
+        return _json({"key": key, "ids": ids})
+
+    async def ranges(self, request: Request, key: str | None) -> Response:
+        assert key is not None
+        size = request.param("size", 0, MAX_RANGE) or None  # absent: the key's own step
+        taken = await asyncio.to_thread(self.minter.store.allocate, key, size)
+        handed = self.counters.ranges_handed
+        handed[key] = handed.get(key, 0) + len(taken.range)
+        return _json(
+            {
+                "key": key,
+                "start": taken.range.start,
+                "stop": taken.range.stop,
+                "step": taken.key.step,
+            }
+        )
+
+    # -- key admin ---------------------------------------------------------------------------
+
+    async def list_keys(self, request: Request, key: str | None) -> Response:
+        keys = await asyncio.to_thread(self.minter.keys)
+        return _json({"keys": [k.as_dict() for k in keys]})
+
+    async def show_key(self, request: Request, key: str | None) -> Response:
+        assert key is not None
+        return _json((await asyncio.to_thread(self.minter.key, key)).as_dict())
+
+    async def add_key(self, request: Request, key: str | None) -> Response:
+        data = request.json()
+        unknown = sorted(set(data) - {"name", "step", "start", "max", "description"})
+        if unknown:
+            raise HttpError(400, f"unknown fields: {', '.join(unknown)}")
+        name = data.get("name")
+        if not isinstance(name, str):
+            raise HttpError(400, "name is required and must be a string")
+        description = data.get("description", "")
+        if not isinstance(description, str):
+            raise HttpError(400, "description must be a string")
+        created = await asyncio.to_thread(
+            self.minter.add_key,
+            check_key_name(name),
+            step=_int_field(data, "step", DEFAULT_STEP),
+            start=_int_field(data, "start", DEFAULT_FIRST_ID),
+            max=_int_field(data, "max", ID_MAX),
+            description=description,
+        )
+        self._missing.pop(name, None)
+        return _json(created.as_dict(), 201)
+
+    async def raise_key(self, request: Request, key: str | None) -> Response:
+        assert key is not None
+        data = request.json()
+        if set(data) != {"to"}:
+            raise HttpError(400, 'the body must be {"to": N}')
+        to = _int_field(data, "to", 0)
+        return _json((await asyncio.to_thread(self.minter.raise_floor, key, to)).as_dict())
+
+    # -- operations --------------------------------------------------------------------------
+
+    async def livez(self, request: Request, key: str | None) -> Response:
+        return Response(200, "ok\n")
+
+    async def readyz(self, request: Request, key: str | None) -> Response:
+        if self.shutting_down:
+            return Response(503, "shutting down\n")
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.minter.keys), self.config.timeout)
+        except (IdmintError, TimeoutError) as exc:
+            return Response(503, f"store not reachable: {' '.join(str(exc).split())}\n")
+        cold = [k for k, g in self._gens.items() if g.stats().current is None and g.stats().error]
+        if cold:
+            return Response(503, f"no ids buffered for {', '.join(sorted(cold))}\n")
+        return Response(200, "ready\n")
+
+    async def _snapshots(self) -> list[KeySnapshot]:
+        keys = await asyncio.to_thread(self.minter.keys)
+        now = time.monotonic()
+        out = []
+        for k in keys:
+            gen = self._gens.get(k.name)
+            stats = gen.stats() if gen is not None else None
+            rate = 0.0
+            if stats is not None:
+                rate = self._rates.setdefault(k.name, RateMeter()).update(stats.issued, now)
+            out.append(KeySnapshot(k, stats, rate, self.counters.ranges_handed.get(k.name, 0)))
+        return out
+
+    def _info(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "store": self.minter.url,
+            "pid": os.getpid(),
+            "started": self.started,
+            "workers": self.config.workers,
+        }
+
+    async def metrics(self, request: Request, key: str | None) -> Response:
+        return Response(
+            200, render_prometheus(await self._snapshots(), self.counters, self._info()), PROMETHEUS
+        )
+
+    async def stats(self, request: Request, key: str | None) -> Response:
+        snapshots = await self._snapshots()
+        info = self._info()
+        server = {
+            "version": info["version"],
+            "store": info["store"],
+            "pid": info["pid"],
+            "workers": info["workers"],
+            "started_at": datetime.fromtimestamp(self.started, UTC).isoformat(),
+            "uptime_s": time.time() - self.started,
+            "ready": not self.shutting_down,
+        }
+        return _json({"server": server, "keys": [s.as_dict() for s in snapshots]})
+
+    async def openapi(self, request: Request, key: str | None) -> Response:
+        return _json(openapi_document(__version__))
+
+    async def dashboard(self, request: Request, key: str | None) -> Response:
+        if self._dashboard is None:
+            self._dashboard = (
+                resources.files("idmint.server")
+                .joinpath("dashboard.html")
+                .read_text(encoding="utf-8")
+            )
+        return Response(200, self._dashboard, HTML)
+
+
+def create_app() -> App:
+    """The app factory granian and uvicorn call in each worker (config from IDMINT_*)."""
+    return App()

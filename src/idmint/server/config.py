@@ -1,0 +1,85 @@
+"""One ServerConfig, read from flags, IDMINT_* environment variables and an idmint.toml file.
+
+Precedence: command-line flag, then environment, then the file's [server] table, then the
+default. `idmint serve` writes the resolved config back into the environment, which is how
+granian's worker processes (each builds its own app) receive it.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .._errors import InvalidArgument
+from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
+
+ENV_PREFIX = "IDMINT_"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    store: str = DEFAULT_STORE_URL
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    #: Bearer token for the key admin routes; empty: admin answers on loopback only.
+    token: str = ""
+    timeout: float = DEFAULT_TIMEOUT
+    #: How long a request waits for a range when nothing is buffered (seconds).
+    wait: float = 1.0
+    max_step: int = 1_000_000
+    preload_at: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise InvalidArgument(f"port must be from 1 to 65535, not {self.port}")
+        if not 1 <= self.workers <= 256:
+            raise InvalidArgument(f"workers must be from 1 to 256, not {self.workers}")
+
+    def to_env(self) -> dict[str, str]:
+        return {ENV_PREFIX + k.upper(): str(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> ServerConfig:
+        """Build from loosely typed values (env strings, TOML), converting each field."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in values or values[f.name] is None:
+                continue
+            kind = type(getattr(cls, f.name))
+            try:
+                kwargs[f.name] = kind(values[f.name])
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgument(f"bad value for {f.name}: {values[f.name]!r}") from exc
+        return cls(**kwargs)
+
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        names = {f.name for f in fields(cls)}
+        values = {
+            k[len(ENV_PREFIX) :].lower(): v
+            for k, v in os.environ.items()
+            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in names
+        }
+        return cls.from_mapping(values)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The [server] table of an idmint.toml (top-level keys are accepted too)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgument(f"bad config file {path}: {exc}") from exc
+    table = data.get("server", data)
+    if not isinstance(table, dict):
+        raise InvalidArgument(f"bad config file {path}: [server] must be a table")
+    known = {f.name for f in fields(ServerConfig)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise InvalidArgument(f"bad config file {path}: unknown settings {', '.join(unknown)}")
+    return dict(table)

@@ -1,0 +1,218 @@
+"""What an operator watches: one snapshot per key, as JSON for the dashboard and as Prometheus
+text for /metrics. Figures are this server process's own (each granian worker has its own
+generators); the key's remaining ids come from the store and are the same everywhere."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ids import Key
+from ..strategies.segment import SegmentStats
+
+RATE_WINDOW = 1.0  # seconds between rate samples
+
+
+@dataclass
+class RateMeter:
+    """Ids per second of one key, from the issued counter sampled at most once a window."""
+
+    at: float = 0.0
+    issued: int = 0
+    rate: float = 0.0
+
+    def update(self, issued: int, now: float) -> float:
+        if self.at == 0.0:
+            self.at, self.issued = now, issued
+        elif now - self.at >= RATE_WINDOW:
+            self.rate = max(0.0, (issued - self.issued) / (now - self.at))
+            self.at, self.issued = now, issued
+        return self.rate
+
+
+@dataclass
+class KeySnapshot:
+    key: Key
+    stats: SegmentStats | None
+    rate: float
+    ranges_handed: int = 0
+
+    @property
+    def runway_s(self) -> float | None:
+        """Seconds until a bounded key runs out at this process's current rate."""
+        if not self.key.bounded or self.rate <= 0:
+            return None
+        return self.key.remaining / self.rate
+
+    @property
+    def fill(self) -> float | None:
+        """Share of the current range still unserved."""
+        s = self.stats
+        if s is None or s.current is None or s.position is None or not len(s.current):
+            return None
+        return (s.current.stop - s.position) / len(s.current)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(self.key.as_dict())
+        s = self.stats
+        out["ranges_handed"] = self.ranges_handed
+        out["generator"] = None
+        if s is not None:
+            out["generator"] = {
+                "current": _range(s.current),
+                "position": s.position,
+                "next": _range(s.next),
+                "fill": self.fill,
+                "step": s.step,
+                "refills": s.refills,
+                "refilling": s.refilling,
+                "last_refill_at": s.last_refill_at.isoformat() if s.last_refill_at else None,
+                "last_refill_ms": (
+                    s.last_refill_seconds * 1000 if s.last_refill_seconds is not None else None
+                ),
+                "issued": s.issued,
+                "taken": s.taken,
+                "given_back": s.given_back,
+                "density": s.density,
+                "rate_per_s": self.rate,
+                "runway_s": self.runway_s,
+                "error": s.error,
+            }
+        return out
+
+
+def _range(r: Any) -> dict[str, int] | None:
+    return None if r is None else {"start": r.start, "stop": r.stop}
+
+
+@dataclass
+class Counters:
+    """Request outcomes the hot path does not see: errors by status, handed ranges."""
+
+    errors: dict[tuple[str, int], int] = field(default_factory=dict)
+    ranges_handed: dict[str, int] = field(default_factory=dict)
+
+    def error(self, route: str, status: int) -> None:
+        self.errors[route, status] = self.errors.get((route, status), 0) + 1
+
+
+def _esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_prometheus(
+    snapshots: list[KeySnapshot], counters: Counters, info: dict[str, Any]
+) -> str:
+    """The Prometheus text exposition format, version 0.0.4."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, rows: list[tuple[dict[str, str], float]]) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in rows:
+            text = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{text}}} {value:.17g}" if text else f"{name} {value:.17g}")
+
+    live = [(s, s.stats) for s in snapshots if s.stats is not None]
+
+    def k(snapshot: KeySnapshot) -> dict[str, str]:
+        return {"key": snapshot.key.name}
+
+    metric(
+        "idmint_up",
+        "gauge",
+        "1 while the server runs; labels describe it.",
+        [({"version": str(info["version"]), "store": str(info["store"])}, 1)],
+    )
+    metric(
+        "idmint_ids_issued_total",
+        "counter",
+        "Ids handed out by this process.",
+        [(k(s), st.issued) for s, st in live],
+    )
+    metric(
+        "idmint_allocations_total",
+        "counter",
+        "Ranges taken from the store by generators.",
+        [(k(s), st.refills) for s, st in live],
+    )
+    metric(
+        "idmint_allocation_seconds_total",
+        "counter",
+        "Time spent taking those ranges.",
+        [(k(s), st.refill_seconds_total) for s, st in live],
+    )
+    metric(
+        "idmint_allocation_last_seconds",
+        "gauge",
+        "Latency of the last range taken.",
+        [(k(s), st.last_refill_seconds or 0.0) for s, st in live],
+    )
+    metric(
+        "idmint_buffer_fill_ratio",
+        "gauge",
+        "Share of the current range still unserved.",
+        [(k(s), s.fill or 0.0) for s, _ in live],
+    )
+    metric(
+        "idmint_buffer_next_ready",
+        "gauge",
+        "1 when the next range is already loaded.",
+        [(k(s), 1.0 if st.next is not None else 0.0) for s, st in live],
+    )
+    metric(
+        "idmint_step",
+        "gauge",
+        "The dynamic step: size of the last range taken.",
+        [(k(s), st.step or 0) for s, st in live],
+    )
+    metric(
+        "idmint_density_ratio",
+        "gauge",
+        "Ids issued / integers taken from the store.",
+        [(k(s), st.density) for s, st in live],
+    )
+    metric(
+        "idmint_store_errors",
+        "gauge",
+        "1 while the last refill of the key failed.",
+        [(k(s), 1.0 if st.error else 0.0) for s, st in live],
+    )
+    metric(
+        "idmint_ids_rate",
+        "gauge",
+        "Ids handed out per second, recently.",
+        [(k(s), s.rate) for s, _ in live],
+    )
+    metric(
+        "idmint_ranges_handed_total",
+        "counter",
+        "Ids handed to clients as whole ranges.",
+        [(k(s), s.ranges_handed) for s in snapshots],
+    )
+    metric(
+        "idmint_key_remaining",
+        "gauge",
+        "Ids a bounded key can still hand out (store).",
+        [(k(s), s.key.remaining) for s in snapshots if s.key.bounded],
+    )
+    metric(
+        "idmint_key_runway_seconds",
+        "gauge",
+        "Seconds until a bounded key runs out at this process's current rate.",
+        [(k(s), s.runway_s) for s in snapshots if s.runway_s is not None],
+    )
+    metric(
+        "idmint_http_errors_total",
+        "counter",
+        "Requests answered with an error status.",
+        [({"route": r, "status": str(c)}, n) for (r, c), n in sorted(counters.errors.items())],
+    )
+    metric(
+        "idmint_uptime_seconds",
+        "gauge",
+        "Seconds since this process started.",
+        [({}, time.time() - float(info["started"]))],
+    )
+    return "\n".join(lines) + "\n"

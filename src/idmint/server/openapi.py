@@ -1,0 +1,279 @@
+"""The OpenAPI 3.0 document of the server, served at /openapi.json (offline, no CDN)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ids import ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
+
+TEXT = {"text/plain": {"schema": {"type": "string"}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description + " (a one-line reason in plain text)", "content": TEXT}
+
+
+E400 = _error("Bad input: a key name, a count, a body")
+E401 = _error("The bearer token is missing or wrong (when a token is configured)")
+E403 = _error("Admin from a non-loopback client while no token is configured")
+E404 = _error("Unknown key")
+E409 = _error("The key already exists")
+E410 = _error("The key is exhausted: every id up to its maximum is used")
+E503 = _error("The store is unreachable and no ids are buffered, or the server is stopping")
+
+KEY_PARAM = {
+    "name": "key",
+    "in": "path",
+    "required": True,
+    "description": "A key name: " + KEY_NAME_RULE,
+    "schema": {"type": "string", "pattern": "^" + KEY_NAME_PATTERN.pattern + "$"},
+}
+
+KEY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "next_id", "step", "start", "max", "remaining", "bounded"],
+    "properties": {
+        "name": {"type": "string"},
+        "next_id": {"type": "integer", "description": "where the next range taken starts"},
+        "step": {"type": "integer"},
+        "start": {"type": "integer", "description": "the key's floor"},
+        "max": {"type": "integer", "description": "the largest id the key hands out"},
+        "remaining": {"type": "integer"},
+        "bounded": {"type": "boolean"},
+        "description": {"type": "string"},
+        "updated_at": {"type": "string", "format": "date-time", "nullable": True},
+    },
+}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _text(description: str) -> dict[str, Any]:
+    return {"description": description, "content": TEXT}
+
+
+ADMIN: dict[str, Any] = {"security": [{"bearer": []}, {}]}
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    count = {
+        "name": "count",
+        "in": "query",
+        "required": False,
+        "description": "How many ids, 1 to 100000 (default 1)",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100_000, "default": 1},
+    }
+    size = {
+        "name": "size",
+        "in": "query",
+        "required": False,
+        "description": "How many ids in the range, 1 to 10000000 (default: the key's step)",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
+    }
+    ids = {
+        "type": "object",
+        "required": ["key", "ids"],
+        "properties": {
+            "key": {"type": "string"},
+            "ids": {"type": "array", "items": {"type": "integer"}},
+        },
+    }
+    range_ = {
+        "type": "object",
+        "required": ["key", "start", "stop", "step"],
+        "properties": {
+            "key": {"type": "string"},
+            "start": {"type": "integer", "description": "the first id of the range"},
+            "stop": {"type": "integer", "description": "one past the last id"},
+            "step": {"type": "integer", "description": "the key's step"},
+        },
+    }
+    new_key = {
+        "type": "object",
+        "required": ["name"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "pattern": "^" + KEY_NAME_PATTERN.pattern + "$"},
+            "step": {"type": "integer", "minimum": 1, "maximum": ID_MAX, "default": 1000},
+            "start": {"type": "integer", "minimum": 0, "maximum": ID_MAX, "default": 1},
+            "max": {"type": "integer", "minimum": 0, "maximum": ID_MAX, "default": ID_MAX},
+            "description": {"type": "string", "maxLength": 256},
+        },
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "idmint",
+            "version": version,
+            "description": "Short, unique integer ids. Errors answer with a real status code "
+            "and a one-line plain-text reason.",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Key": KEY_SCHEMA},
+        },
+        "paths": {
+            "/api/segment/get/{key}": {
+                "get": {
+                    "summary": "One id as plain decimal text (Leaf's route and body)",
+                    "parameters": [KEY_PARAM],
+                    "responses": {
+                        "200": _text("The id"),
+                        "400": E400,
+                        "404": E404,
+                        "410": E410,
+                        "503": E503,
+                    },
+                }
+            },
+            "/v1/keys/{key}/ids": {
+                "get": {
+                    "summary": "A batch of ids (fewer than asked only when the key ran out or "
+                    "the store failed midway)",
+                    "parameters": [KEY_PARAM, count],
+                    "responses": {
+                        "200": _json(ids),
+                        "400": E400,
+                        "404": E404,
+                        "410": E410,
+                        "503": E503,
+                    },
+                }
+            },
+            "/v1/keys/{key}/ranges": {
+                "post": {
+                    "summary": "Take a whole range for serving ids locally (clients use this)",
+                    "parameters": [KEY_PARAM, size],
+                    "responses": {
+                        "200": _json(range_),
+                        "400": E400,
+                        "404": E404,
+                        "410": E410,
+                        "503": E503,
+                    },
+                }
+            },
+            "/v1/keys": {
+                "get": {
+                    "summary": "Every key",
+                    **ADMIN,
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["keys"],
+                                "properties": {
+                                    "keys": {
+                                        "type": "array",
+                                        "items": {"$ref": "#/components/schemas/Key"},
+                                    }
+                                },
+                            }
+                        ),
+                        "401": E401,
+                        "403": E403,
+                        "503": E503,
+                    },
+                },
+                "post": {
+                    "summary": "Create a key",
+                    **ADMIN,
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": new_key}},
+                    },
+                    "responses": {
+                        "201": _json({"$ref": "#/components/schemas/Key"}, "Created"),
+                        "400": E400,
+                        "401": E401,
+                        "403": E403,
+                        "409": E409,
+                        "413": _error("The body is too large"),
+                        "503": E503,
+                    },
+                },
+            },
+            "/v1/keys/{key}": {
+                "get": {
+                    "summary": "One key",
+                    **ADMIN,
+                    "parameters": [KEY_PARAM],
+                    "responses": {
+                        "200": _json({"$ref": "#/components/schemas/Key"}),
+                        "400": E400,
+                        "401": E401,
+                        "403": E403,
+                        "404": E404,
+                        "503": E503,
+                    },
+                }
+            },
+            "/v1/keys/{key}/raise": {
+                "post": {
+                    "summary": "Raise the key's floor: every range from now on starts at or "
+                    "above `to`; it only moves up",
+                    **ADMIN,
+                    "parameters": [KEY_PARAM],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["to"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "to": {"type": "integer", "minimum": 0, "maximum": ID_MAX}
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json({"$ref": "#/components/schemas/Key"}),
+                        "400": E400,
+                        "401": E401,
+                        "403": E403,
+                        "404": E404,
+                        "413": _error("The body is too large"),
+                        "503": E503,
+                    },
+                }
+            },
+            "/livez": {"get": {"summary": "The process is up", "responses": {"200": _text("ok")}}},
+            "/readyz": {
+                "get": {
+                    "summary": "The store is reachable and buffers are warm",
+                    "responses": {"200": _text("ready"), "503": E503},
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics of this process",
+                    "responses": {"200": _text("Prometheus text format 0.0.4")},
+                }
+            },
+            "/v1/stats": {
+                "get": {
+                    "summary": "Every key with this process's ranges, for the dashboard",
+                    "responses": {"200": _json({"type": "object"}), "503": E503},
+                }
+            },
+            "/openapi.json": {
+                "get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}
+            },
+            "/": {
+                "get": {
+                    "summary": "The dashboard (HTML, served offline)",
+                    "responses": {
+                        "200": {
+                            "description": "HTML",
+                            "content": {"text/html": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+        },
+    }

@@ -1,0 +1,82 @@
+"""`idmint serve` as a real subprocess, for the server tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from servers import free_port
+
+
+class ServerProcess:
+    """One `idmint serve` process on a free loopback port."""
+
+    def __init__(
+        self, store_url: str, *, workers: int = 1, token: str = "", port: int | None = None
+    ) -> None:
+        self.store_url = store_url
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workers, self.token = workers, token
+        self.log_path = Path(tempfile.mkdtemp(prefix="idmint-serve-")) / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> ServerProcess:
+        env = {**os.environ, "IDMINT_TOKEN": self.token}
+        args = [
+            sys.executable,
+            "-m",
+            "idmint",
+            "--store",
+            self.store_url,
+            "serve",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"idmint serve exited {self.proc.returncode}: {self.log()}")
+            try:
+                if httpx.get(self.url + "/livez", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"idmint serve did not start: {self.log()}")
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        """SIGTERM, as an orchestrator stops it; returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (granian's workers too)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.terminate(10)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,347 @@
+"""The server as a real subprocess: routes, bad input, shutdown, kill -9, many servers, clients."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import idmint
+
+from checks import assert_unique, assert_within, run_threads
+from http_server import ServerProcess
+
+
+def add_key(server: ServerProcess, name: str, **fields: int) -> dict[str, object]:
+    response = httpx.post(server.url + "/v1/keys", json={"name": name, **fields})
+    assert response.status_code == 201, response.text
+    data: dict[str, object] = response.json()
+    return data
+
+
+def test_ids_over_every_route(idmint_server: ServerProcess) -> None:
+    url = idmint_server.url
+    add_key(idmint_server, "order", start=100_000_000, step=1000)
+    first = httpx.get(url + "/api/segment/get/order")
+    assert (first.status_code, first.text) == (200, "100000000")
+    assert first.headers["content-type"].startswith("text/plain")
+    batch = httpx.get(url + "/v1/keys/order/ids", params={"count": 1000}).json()
+    assert batch["key"] == "order"
+    assert batch["ids"] == list(range(100_000_001, 100_001_001))
+    taken = httpx.post(url + "/v1/keys/order/ranges", params={"size": 500}).json()
+    assert taken["stop"] - taken["start"] == 500 and taken["step"] == 1000
+    default = httpx.post(url + "/v1/keys/order/ranges").json()
+    assert default["stop"] - default["start"] == 1000  # the key's step
+    ids = [int(httpx.get(url + "/api/segment/get/order").text) for _ in range(50)]
+    all_ids = [
+        100_000_000,
+        *batch["ids"],
+        *range(taken["start"], taken["stop"]),
+        *range(default["start"], default["stop"]),
+        *ids,
+    ]
+    assert_unique(all_ids)
+    keys = httpx.get(url + "/v1/keys").json()["keys"]
+    assert [k["name"] for k in keys] == ["order"]
+    shown = httpx.get(url + "/v1/keys/order").json()
+    assert shown["start"] == 100_000_000
+    raised = httpx.post(url + "/v1/keys/order/raise", json={"to": 500_000_000}).json()
+    assert raised["next_id"] == 500_000_000
+
+
+def test_operations_routes(idmint_server: ServerProcess) -> None:
+    url = idmint_server.url
+    add_key(idmint_server, "ticket", start=1, max=2**31 - 1)
+    httpx.get(url + "/v1/keys/ticket/ids", params={"count": 10})
+    assert httpx.get(url + "/livez").status_code == 200
+    assert httpx.get(url + "/readyz").text == "ready\n"
+    metrics = httpx.get(url + "/metrics").text
+    for name in (
+        "idmint_ids_issued_total",
+        "idmint_allocations_total",
+        "idmint_step",
+        "idmint_buffer_fill_ratio",
+        "idmint_density_ratio",
+        "idmint_key_remaining",
+    ):
+        assert f'{name}{{key="ticket"}}' in metrics, name
+    assert 'idmint_ids_issued_total{key="ticket"} 10' in metrics
+    stats = httpx.get(url + "/v1/stats").json()
+    [ticket] = stats["keys"]
+    assert ticket["bounded"] is True and ticket["generator"]["issued"] == 10
+    assert ticket["generator"]["current"]["start"] == 1
+    spec = httpx.get(url + "/openapi.json").json()
+    assert spec["openapi"].startswith("3.") and "/api/segment/get/{key}" in spec["paths"]
+    page = httpx.get(url + "/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert 'src="http' not in page.text and 'href="http' not in page.text  # served offline
+
+
+BAD_REQUESTS = [
+    ("GET", "/v1/keys/k/ids?count=0", 400),
+    ("GET", "/v1/keys/k/ids?count=-5", 400),
+    ("GET", "/v1/keys/k/ids?count=100001", 400),
+    ("GET", "/v1/keys/k/ids?count=99999999999999999999999", 400),
+    ("GET", "/v1/keys/k/ids?count=abc", 400),
+    ("GET", "/v1/keys/k/ids?count=1.5", 400),
+    ("GET", "/v1/keys/k/ids?count=", 400),
+    ("POST", "/v1/keys/k/ranges?size=0", 400),
+    ("POST", "/v1/keys/k/ranges?size=10000001", 400),
+    ("POST", "/v1/keys/k/ranges?size=x", 400),
+    ("GET", "/api/segment/get/bad%20key", 400),
+    ("GET", "/api/segment/get/" + "x" * 200, 400),
+    ("GET", "/api/segment/get/", 400),
+    ("GET", "/api/segment/get/nope", 404),
+    ("GET", "/v1/keys/nope/ids", 404),
+    ("POST", "/v1/keys/nope/ranges", 404),
+    ("GET", "/no/such/route", 404),
+    ("GET", "/v1/keys/k/whatever", 404),
+    ("DELETE", "/v1/keys/k/ids", 405),
+    ("POST", "/api/segment/get/k", 405),
+    ("GET", "/v1/keys/k/ranges", 405),
+    ("PUT", "/livez", 405),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "status"), BAD_REQUESTS)
+def test_bad_input_is_4xx_with_a_reason(
+    idmint_server: ServerProcess, method: str, path: str, status: int
+) -> None:
+    add_key(idmint_server, "k")
+    response = httpx.request(method, idmint_server.url + path)
+    assert response.status_code == status, response.text
+    assert response.text.endswith("\n") and response.text.count("\n") == 1
+    assert len(response.text) > 5
+    assert httpx.get(idmint_server.url + "/api/segment/get/k").status_code == 200
+
+
+BAD_BODIES = [
+    ("/v1/keys", b"not json", 400),
+    ("/v1/keys", b"[1, 2]", 400),
+    ("/v1/keys", b'{"name": 5}', 400),
+    ("/v1/keys", b'{"name": "bad name"}', 400),
+    ("/v1/keys", b'{"name": "ok", "step": "big"}', 400),
+    ("/v1/keys", b'{"name": "ok", "step": 0}', 400),
+    ("/v1/keys", b'{"name": "ok", "start": 10, "max": 5}', 400),
+    ("/v1/keys", b'{"name": "ok", "colour": "red"}', 400),
+    ("/v1/keys", b'{"name": "ok", "step": true}', 400),
+    ("/v1/keys", b'{"name": "k"}', 409),
+    ("/v1/keys", b"x" * 70_000, 413),
+    ("/v1/keys/k/raise", b'{"to": -1}', 400),
+    ("/v1/keys/k/raise", b'{"to": "high"}', 400),
+    ("/v1/keys/k/raise", b"{}", 400),
+    ("/v1/keys/nope/raise", b'{"to": 5}', 404),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status"), BAD_BODIES)
+def test_bad_bodies(idmint_server: ServerProcess, path: str, body: bytes, status: int) -> None:
+    add_key(idmint_server, "k")
+    response = httpx.post(idmint_server.url + path, content=body)
+    assert response.status_code == status, response.text
+    assert response.text.count("\n") == 1
+
+
+def test_token_guards_admin_only(tmp_path: Path) -> None:
+    server = ServerProcess(f"sqlite:///{tmp_path / 't.db'}", token="s3cret").start()
+    try:
+        url = server.url
+        assert httpx.get(url + "/v1/keys").status_code == 401
+        wrong = {"authorization": "Bearer nope"}
+        assert httpx.get(url + "/v1/keys", headers=wrong).status_code == 401
+        assert httpx.post(url + "/v1/keys", json={"name": "k"}).status_code == 401
+        good = {"authorization": "Bearer s3cret"}
+        assert httpx.post(url + "/v1/keys", json={"name": "k"}, headers=good).status_code == 201
+        assert httpx.get(url + "/v1/keys", headers=good).status_code == 200
+        assert httpx.get(url + "/api/segment/get/k").status_code == 200  # ids need no token
+    finally:
+        server.stop()
+
+
+def test_schemathesis_finds_no_5xx(idmint_server: ServerProcess, tmp_path: Path) -> None:
+    add_key(idmint_server, "k")
+    add_key(idmint_server, "order", max=2**31 - 1)
+    run = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("schemathesis")),
+            "run",
+            idmint_server.url + "/openapi.json",
+            # Every check but "schema-valid data must be accepted": the schema cannot say
+            # that max must not be below start, so such keys are rightly refused with a 400.
+            "--checks=all",
+            "--exclude-checks=positive_data_acceptance",
+            "--max-examples=100",
+            "--seed",
+            "1",
+            "--request-timeout",
+            "10",
+            "--report",
+            "junit",
+            "--report-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert httpx.get(idmint_server.url + "/livez").status_code == 200
+
+
+def held_ranges(server: ServerProcess, key: str) -> list[tuple[int, int]]:
+    stats = httpx.get(server.url + "/v1/stats").json()
+    [entry] = [k for k in stats["keys"] if k["name"] == key]
+    gen = entry["generator"]
+    return [(r["start"], r["stop"]) for r in (gen["current"], gen["next"]) if r]
+
+
+def test_graceful_shutdown_gives_tails_back(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    server = ServerProcess(store).start()
+    add_key(server, "g", start=1000, step=1000)
+    ids = httpx.get(server.url + "/v1/keys/g/ids", params={"count": 150}).json()["ids"]
+    deadline = time.monotonic() + 5
+    while len(held_ranges(server, "g")) < 2:  # the next range is loaded too
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert server.terminate() == 0
+    assert "unused ids given back" in server.log()
+    with idmint.connect(store) as minter:
+        assert minter.key("g").max_id == ids[-1] + 1
+
+
+def test_kill_9_loses_at_most_the_ranges_it_held(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'k.db'}"
+    server = ServerProcess(store).start()
+    add_key(server, "k9", start=1, step=100)
+    ids = httpx.get(server.url + "/v1/keys/k9/ids", params={"count": 250}).json()["ids"]
+    held = held_ranges(server, "k9")
+    server.kill()
+    with idmint.connect(store) as minter:
+        counter = minter.key("k9").max_id
+    lost = counter - (ids[-1] + 1)
+    assert lost <= sum(stop - start for start, stop in held)
+    again = ServerProcess(store).start()
+    try:
+        more = httpx.get(again.url + "/v1/keys/k9/ids", params={"count": 100}).json()["ids"]
+    finally:
+        again.stop()
+    assert more[0] == counter
+    assert_unique(ids + more)
+
+
+@pytest.mark.slow
+def test_three_servers_one_postgres_300k_ids(
+    postgres: object, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("postgres").create_database("three_servers")
+    with idmint.connect(url) as minter:
+        minter.add_key("shared", step=1000, start=1, max=2**31 - 1)
+    servers = [ServerProcess(url).start() for _ in range(3)]
+    got: list[list[int]] = []
+    lock = threading.Lock()
+    turn = iter(range(6))
+
+    def client_work() -> None:
+        index = next(turn)
+        server = servers[index % 3]
+        mine: list[int] = []
+        with idmint.Client(server.url) as client:
+            gen = client.segment("shared")
+            mine += gen.next_ids(40_000)
+            mine += [gen.next_id() for _ in range(5_000)]
+        with httpx.Client(base_url=server.url) as http:
+            for _ in range(20):  # the server's own routes too, 5,000 ids per client
+                mine += http.get("/v1/keys/shared/ids", params={"count": 240}).json()["ids"]
+                mine += [int(http.get("/api/segment/get/shared").text) for _ in range(10)]
+        with lock:
+            got.append(mine)
+
+    try:
+        run_threads(client_work, 6)
+    finally:
+        for server in servers:
+            server.stop()
+    ids = [i for chunk in got for i in chunk]
+    assert assert_unique(ids) == 300_000
+    assert_within(ids, 1, 2**31 - 1)
+
+
+def test_client_fails_over_when_a_server_stops(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'f.db'}"
+    a, b = ServerProcess(store).start(), ServerProcess(store).start()
+    add_key(a, "f", step=50)
+    options = idmint.SegmentOptions(max_step=50, wait=5.0)
+    ids: list[int] = []
+    try:
+        with idmint.Client([a.url, b.url], segment_options=options) as client:
+            gen = client.segment("f")
+            ids += gen.next_ids(500)
+            a.kill()  # mid-stream: the client was talking to a
+            for _ in range(30):
+                ids += gen.next_ids(100)
+    finally:
+        b.stop()
+    assert len(ids) == 3500
+    assert_unique(ids)
+
+
+def test_async_client(idmint_server: ServerProcess) -> None:
+    import asyncio
+
+    add_key(idmint_server, "a")
+
+    async def main() -> list[int]:
+        async with idmint.AsyncClient(idmint_server.url) as client:
+            seg = client.segment("a")
+            return [await seg.next_id() for _ in range(3000)] + await seg.next_ids(2000)
+
+    ids = asyncio.run(main())
+    assert assert_unique(ids) == 5000
+
+
+def test_client_errors_are_typed(idmint_server: ServerProcess) -> None:
+    add_key(idmint_server, "tiny", max=3)
+    with idmint.Client(idmint_server.url) as client:
+        with pytest.raises(idmint.KeyNotFound):
+            client.segment("nope").next_id()
+        assert client.segment("tiny").next_ids(3) == [1, 2, 3]
+        with pytest.raises(idmint.Exhausted):
+            client.segment("tiny").next_id()
+    with (
+        idmint.Client("http://127.0.0.1:9", timeout=0.5) as dead,
+        pytest.raises(idmint.StoreUnavailable),
+    ):
+        dead.take("x", 5)
+    with pytest.raises(ValueError, match="bad server URL"):
+        idmint.Client("localhost:8080")
+
+
+def test_serve_with_a_bad_store_is_one_line() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "idmint", "--store", "nope://x", "serve"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "bad store URL" in run.stderr
+
+
+def test_config_file(tmp_path: Path) -> None:
+    conf = tmp_path / "idmint.toml"
+    conf.write_text('[server]\nport = "not a port"\n')
+    run = subprocess.run(
+        [sys.executable, "-m", "idmint", "serve", "--config", str(conf)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert run.returncode == 2 and "port" in run.stderr and run.stderr.count("\n") == 1
