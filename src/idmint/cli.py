@@ -210,6 +210,13 @@ def next_(ctx: click.Context, name: str, count: int) -> None:
     help="Bearer token for key admin; without one, admin answers on loopback only.",
 )
 @click.option(
+    "--http",
+    "http_version",
+    envvar="IDMINT_HTTP",
+    type=click.Choice(["auto", "1", "2"]),
+    help="HTTP versions to speak [default: auto].",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -223,6 +230,7 @@ def serve(
     port: int | None,
     workers: int | None,
     token: str | None,
+    http_version: str | None,
     config_file: Path | None,
 ) -> None:
     """Serve ids over HTTP (Leaf-compatible routes, dashboard at /, metrics at /metrics)."""
@@ -237,7 +245,7 @@ def serve(
         )
         if given or name not in values:
             values[name] = ctx.obj[name]
-    flags = {"host": host, "port": port, "workers": workers, "token": token}
+    flags = {"host": host, "port": port, "workers": workers, "token": token, "http": http_version}
     values.update({k: v for k, v in flags.items() if v is not None})
     run_server(ServerConfig.from_mapping(values))
 

@@ -32,8 +32,12 @@ class ServerConfig:
     wait: float = 1.0
     max_step: int = 1_000_000
     preload_at: float = 0.1
+    #: HTTP versions granian speaks: "auto" (1.1 and 2), "1" or "2".
+    http: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.http not in ("auto", "1", "2"):
+            raise InvalidArgument(f"http must be auto, 1 or 2, not {self.http!r}")
         if not 0 < self.port < 65536:
             raise InvalidArgument(f"port must be from 1 to 65535, not {self.port}")
         if not 1 <= self.workers <= 256:

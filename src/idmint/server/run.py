@@ -27,7 +27,7 @@ def serve(config: ServerConfig) -> None:
     )
     try:
         from granian import Granian
-        from granian.constants import Interfaces
+        from granian.constants import HTTPModes, Interfaces
     except ImportError:
         _serve_uvicorn(config)
         return
@@ -37,6 +37,7 @@ def serve(config: ServerConfig) -> None:
         port=config.port,
         interface=Interfaces.RSGI,
         workers=config.workers,
+        http=HTTPModes(config.http),
         factory=True,
         log_access=False,
     ).serve()
