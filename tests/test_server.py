@@ -345,3 +345,21 @@ def test_config_file(tmp_path: Path) -> None:
         timeout=30,
     )
     assert run.returncode == 2 and "port" in run.stderr and run.stderr.count("\n") == 1
+
+
+def test_workers_share_the_store(tmp_path: Path) -> None:
+    server = ServerProcess(f"sqlite:///{tmp_path / 'w.db'}", workers=2).start()
+    try:
+        add_key(server, "w", step=100)
+        ids: list[int] = []
+        # No keep-alive: a new connection each time, so both workers answer.
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=server.url, limits=fresh) as http:
+            for _ in range(400):
+                ids.append(int(http.get("/api/segment/get/w").text))
+                ids += http.get("/v1/keys/w/ids", params={"count": 7}).json()["ids"]
+            pids = {http.get("/v1/stats").json()["server"]["pid"] for _ in range(30)}
+    finally:
+        assert server.terminate() == 0
+    assert assert_unique(ids) == 3200
+    assert len(pids) == 2
