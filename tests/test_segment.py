@@ -267,3 +267,23 @@ def test_bad_options_are_refused() -> None:
         SegmentGenerator(MemoryRangeStore(), "no spaces")
     with pytest.raises(ValueError, match="count"):
         SegmentGenerator(MemoryRangeStore(), "k").next_ids(0)
+
+
+def test_try_next_never_waits(memory: MemoryRangeStore) -> None:
+    memory.add_key("k", step=10, first_id=1, last_id=10**9)
+    store = FaultyStore(memory)
+    store.delay = 0.3
+    gen = SegmentGenerator(store, "k", SegmentOptions(max_step=10, wait=2.0))
+    started = time.monotonic()
+    assert gen.try_next_id() is None  # the first range is still on its way
+    assert gen.try_next_ids(5) == []
+    assert time.monotonic() - started < 0.1
+    assert gen.next_ids(15) == list(range(1, 16))  # waits for the ranges
+    store.delay = 0.0
+    wait_for(lambda: gen.stats().next is not None)
+    store.delay = 0.3
+    got = gen.try_next_ids(50)  # what is buffered, and no more
+    assert got == list(range(16, 31))
+    assert gen.try_next_id() is None
+    assert gen.next_id() == 31
+    gen.close()
