@@ -1,0 +1,81 @@
+"""The app in-process through its ASGI shell (the uvicorn fallback), and its settings."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from idmint.server import App, ServerConfig
+from idmint.server.config import read_config_file
+
+
+def call(
+    app: App, method: str, path: str, *, client: str = "127.0.0.1", **kwargs: object
+) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=(client, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://idmint") as http:
+            return await http.request(method, path, **kwargs)  # type: ignore[arg-type]
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> App:
+    return App(ServerConfig(store=f"sqlite:///{tmp_path / 'app.db'}"))
+
+
+def test_asgi_shell_serves_every_kind_of_route(app: App) -> None:
+    assert call(app, "POST", "/v1/keys", json={"name": "a", "start": 5}).status_code == 201
+    assert call(app, "GET", "/api/segment/get/a").text == "5"
+    assert call(app, "GET", "/v1/keys/a/ids?count=3").json()["ids"] == [6, 7, 8]
+    assert call(app, "GET", "/v1/keys/zzz/ids").status_code == 404
+    wrong = call(app, "PATCH", "/v1/keys")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, POST"
+    assert call(app, "GET", "/metrics").headers["content-type"].startswith("text/plain")
+    app.shutdown()
+    assert call(app, "GET", "/readyz").status_code == 503
+
+
+def test_admin_without_token_answers_loopback_only(app: App) -> None:
+    refused = call(app, "GET", "/v1/keys", client="192.0.2.7")  # TEST-NET-1: never routed
+    assert refused.status_code == 403 and "IDMINT_TOKEN" in refused.text
+    assert call(app, "GET", "/v1/keys", client="::1").status_code == 200
+    assert call(app, "POST", "/v1/keys", json={"name": "x"}, client="192.0.2.7").status_code == 403
+    # The id routes are for everyone.
+    call(app, "POST", "/v1/keys", json={"name": "x"})
+    assert call(app, "GET", "/api/segment/get/x", client="192.0.2.7").status_code == 200
+
+
+def test_token_is_checked_from_any_address(tmp_path: Path) -> None:
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 't.db'}", token="tok"))
+    assert call(app, "GET", "/v1/keys").status_code == 401
+    ok = call(app, "GET", "/v1/keys", client="192.0.2.7", headers={"authorization": "Bearer tok"})
+    assert ok.status_code == 200
+
+
+def test_unknown_names_make_no_generators(app: App) -> None:
+    for i in range(50):
+        assert call(app, "GET", f"/api/segment/get/made-up-{i}").status_code == 404
+    assert app.minter.generators() == []
+
+
+def test_config_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "idmint.toml"
+    path.write_text('[server]\nport = 9000\nworkers = 2\nstore = "sqlite:///x.db"\n')
+    config = ServerConfig.from_mapping(read_config_file(path))
+    assert (config.port, config.workers, config.store) == (9000, 2, "sqlite:///x.db")
+    monkeypatch.setenv("IDMINT_PORT", "9100")
+    monkeypatch.setenv("IDMINT_MAX_STEP", "5000")
+    env = ServerConfig.from_env()
+    assert (env.port, env.max_step) == (9100, 5000)
+    path.write_text("[server]\ncolour = 1\n")
+    with pytest.raises(ValueError, match="unknown settings colour"):
+        read_config_file(path)
+    with pytest.raises(ValueError, match="port"):
+        ServerConfig(port=0)
+    with pytest.raises(ValueError, match="http"):
+        ServerConfig(http="3")
