@@ -153,3 +153,13 @@ def test_python_dash_m_and_no_traceback(tmp_path: Path) -> None:
 def test_on_postgres_and_mariadb(capsys: pytest.CaptureFixture[str], shared_store_url: str) -> None:
     assert run(capsys, "--store", shared_store_url, "keys", "add", "o", "--start", "7")[0] == 0
     assert run(capsys, "--store", shared_store_url, "next", "o", "-n", "2")[1] == "7\n8\n"
+
+
+def test_store_after_the_command(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    assert run(capsys, "keys", "add", "late", "--store", url, "--start", "3")[0] == 0
+    assert run(capsys, "next", "late", "--store", url, "--timeout", "5")[1] == "3\n"
+    # After the command wins over before it.
+    code, _, err = run(
+        capsys, "--store", "sqlite:////no/such/dir.db", "next", "late", "--store", url
+    )
+    assert code == 0, err

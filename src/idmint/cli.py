@@ -58,10 +58,40 @@ def _minter(ctx: click.Context) -> Iterator[Minter]:
 @click.pass_context
 def cli(ctx: click.Context, store: str, timeout: float) -> None:
     """Mint short, unique integer ids from the databases you already run."""
-    ctx.obj = {"store": store, "timeout": timeout}
+    given = {
+        name
+        for name in ("store", "timeout")
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    }
+    ctx.obj = {"store": store, "timeout": timeout, "given": given}
+
+
+def _override(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    if value is not None and param.name:
+        ctx.obj[param.name] = value
+        ctx.obj["given"].add(param.name)
+
+
+def store_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--store and --timeout after the command name too: `idmint serve --store URL`."""
+    command = click.option(
+        "--timeout",
+        type=click.FloatRange(min=0.1, max=600),
+        expose_value=False,
+        callback=_override,
+        help="Seconds to wait for the store (also before the command).",
+    )(command)
+    return click.option(
+        "--store",
+        metavar="URL",
+        expose_value=False,
+        callback=_override,
+        help="Store URL (also before the command, or IDMINT_STORE).",
+    )(command)
 
 
 @cli.command()
+@store_options
 @click.pass_context
 def init(ctx: click.Context) -> None:
     """Create the store's table (it is also created on first use)."""
@@ -76,6 +106,7 @@ def keys() -> None:
 
 
 @keys.command("add")
+@store_options
 @click.argument("name")
 @click.option(
     "--step",
@@ -125,6 +156,7 @@ def keys_add(
 
 
 @keys.command("list")
+@store_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per key.")
 @click.pass_context
 def keys_list(ctx: click.Context, as_json: bool) -> None:
@@ -154,6 +186,7 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
 
 
 @keys.command("show")
+@store_options
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="As a JSON object.")
 @click.pass_context
@@ -169,6 +202,7 @@ def keys_show(ctx: click.Context, name: str, as_json: bool) -> None:
 
 
 @keys.command("raise")
+@store_options
 @click.argument("name")
 @click.option("--to", "to", type=int, required=True, help="Every id from now on is at least this.")
 @click.pass_context
@@ -185,6 +219,7 @@ def keys_raise(ctx: click.Context, name: str, to: int) -> None:
 
 
 @cli.command("next")
+@store_options
 @click.argument("name")
 @click.option("-n", "count", type=int, default=1, show_default=True, help="How many ids.")
 @click.pass_context
@@ -201,6 +236,7 @@ def next_(ctx: click.Context, name: str, count: int) -> None:
 
 
 @cli.command()
+@store_options
 @click.option("--host", envvar="IDMINT_HOST", help="Address to listen on [default: 127.0.0.1].")
 @click.option("--port", envvar="IDMINT_PORT", type=int, help="Port [default: 8080].")
 @click.option("--workers", envvar="IDMINT_WORKERS", type=int, help="Worker processes [default: 1].")
@@ -238,12 +274,8 @@ def serve(
     from .server.run import serve as run_server
 
     values = read_config_file(config_file) if config_file else {}
-    for name in ("store", "timeout"):  # group options: a flag or env var beats the file
-        given = ctx.parent is not None and ctx.parent.get_parameter_source(name) not in (
-            click.core.ParameterSource.DEFAULT,
-            None,
-        )
-        if given or name not in values:
+    for name in ("store", "timeout"):  # a flag or env var beats the file
+        if name in ctx.obj["given"] or name not in values:
             values[name] = ctx.obj[name]
     flags = {"host": host, "port": port, "workers": workers, "token": token, "http": http_version}
     values.update({k: v for k, v in flags.items() if v is not None})
