@@ -130,6 +130,8 @@ def test_density_after_close(memory: MemoryRangeStore) -> None:
     memory.add_key("k", step=100, first_id=1, last_id=10**9)
     gen = SegmentGenerator(memory, "k")
     gen.next_ids(250)
+    running = gen.stats()
+    assert running.held > 0 and running.density == 1.0  # nothing used up is lost yet
     gen.close()
     stats = gen.stats()
     assert stats.closed and stats.issued == 250

@@ -170,7 +170,7 @@ def render_prometheus(
     metric(
         "idmint_density_ratio",
         "gauge",
-        "Ids issued / integers taken from the store.",
+        "Ids issued / integers used up (held ones excluded).",
         [(k(s), st.density) for s, st in live],
     )
     metric(

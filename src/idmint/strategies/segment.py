@@ -76,14 +76,17 @@ class SegmentOptions:
 class SegmentStats:
     """A snapshot of a generator, for metrics and the dashboard.
 
-    density is issued / (taken - given_back): the share of the integers this generator took
-    from the store that became ids (1.0 after a graceful close with the tail given back).
+    density is issued / (taken - given_back - held): the share of the integers this generator
+    used up that became ids. Ids still held (the rest of the current range, the next one) are
+    not used up yet, so a running generator shows 1.0 unless ids were skipped; after close, a
+    tail that could not be given back counts against it.
     """
 
     key: str
     issued: int
     taken: int
     given_back: int
+    held: int
     current: Range | None
     position: int | None
     next: Range | None
@@ -98,8 +101,8 @@ class SegmentStats:
 
     @property
     def density(self) -> float:
-        consumed = self.taken - self.given_back
-        return self.issued / consumed if consumed else 1.0
+        used_up = self.taken - self.given_back - self.held
+        return self.issued / used_up if used_up else 1.0
 
 
 class _Segment:
@@ -445,6 +448,10 @@ class SegmentGenerator:
                 issued=issued,
                 taken=self._taken,
                 given_back=self._given_back,
+                held=0
+                if self._closed
+                else (seg.stop - position if position is not None else 0)
+                + (nxt.stop - nxt.start if nxt else 0),
                 current=Range(seg.start, seg.stop) if serving else None,
                 position=position,
                 next=Range(nxt.start, nxt.stop) if nxt else None,
