@@ -363,3 +363,34 @@ def test_workers_share_the_store(tmp_path: Path) -> None:
         assert server.terminate() == 0
     assert assert_unique(ids) == 3200
     assert len(pids) == 2
+
+
+def test_readyz_follows_the_store_and_warm_buffers(request: pytest.FixtureRequest) -> None:
+    postgres = request.getfixturevalue("postgres")
+    url = postgres.create_database("readyz")
+    with idmint.connect(url) as minter:
+        minter.add_key("warm", step=100)
+    server = ServerProcess(url).start()
+    try:
+        deadline = time.monotonic() + 10
+        while httpx.get(server.url + "/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.05)
+        # Warm before any request: the key's first range is already loaded.
+        [warm] = httpx.get(server.url + "/v1/stats").json()["keys"]
+        assert warm["generator"]["next"] is not None
+        postgres.stop()
+        try:
+            down = httpx.get(server.url + "/readyz", timeout=10)
+            assert down.status_code == 503 and "store" in down.text
+            assert httpx.get(server.url + "/livez").status_code == 200
+            ids = httpx.get(server.url + "/v1/keys/warm/ids", params={"count": 50}).json()["ids"]
+            assert len(ids) == 50  # buffered ids keep coming with the store down
+        finally:
+            postgres.start()
+        deadline = time.monotonic() + 15
+        while httpx.get(server.url + "/readyz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "not ready again after the store came back"
+            time.sleep(0.1)
+    finally:
+        server.stop()

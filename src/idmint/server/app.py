@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ MAX_IDS = 100_000
 MAX_RANGE = 10_000_000
 MAX_BODY = 64 * 1024
 NEGATIVE_CACHE_SECONDS = 1.0
+MAX_WARM_KEYS = 1000  # each generator has a refiller thread
 
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
@@ -168,6 +170,20 @@ class App:
     def startup(self) -> None:
         self.minter  # noqa: B018 - a bad store URL fails the start, not the first request
         log.info("idmint %s serving %s (pid %d)", __version__, self.minter.url, os.getpid())
+        threading.Thread(target=self._warm_up, name="idmint-warm-up", daemon=True).start()
+
+    def _warm_up(self) -> None:
+        """Start every key's generator, as Leaf loads every tag at start, so the first requests
+        find ids buffered; /readyz says 503 until they do."""
+        try:
+            keys = self.minter.keys()
+        except IdmintError as exc:
+            log.warning("cannot list keys to warm up (they warm up on first use): %s", exc)
+            return
+        for key in keys[:MAX_WARM_KEYS]:
+            if self.shutting_down:
+                return
+            self._gens.setdefault(key.name, self.minter.segment(key.name))
 
     def shutdown(self) -> None:
         """Stop being ready and give every unused tail back to the store."""
@@ -435,9 +451,15 @@ class App:
             await asyncio.wait_for(asyncio.to_thread(self.minter.keys), self.config.timeout)
         except (IdmintError, TimeoutError) as exc:
             return Response(503, f"store not reachable: {' '.join(str(exc).split())}\n")
-        cold = [k for k, g in self._gens.items() if g.stats().current is None and g.stats().error]
+        # Cold: still loading its first range, or its refills failing with nothing buffered.
+        # An exhausted key ends its refills, and is no reason to take the server out.
+        cold = sorted(
+            name
+            for name, gen in list(self._gens.items())
+            if (st := gen.stats()).current is None and st.next is None and st.refilling
+        )
         if cold:
-            return Response(503, f"no ids buffered for {', '.join(sorted(cold))}\n")
+            return Response(503, f"no ids buffered yet for {', '.join(cold[:10])}\n")
         return Response(200, "ready\n")
 
     async def _snapshots(self) -> list[KeySnapshot]:
