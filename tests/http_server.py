@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,3 +81,4 @@ class ServerProcess:
                 self.terminate(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        shutil.rmtree(self.log_path.parent, ignore_errors=True)
