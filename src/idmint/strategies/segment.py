@@ -37,6 +37,7 @@ class _WouldBlock(Exception):
 
 
 MAX_BATCH = 1_000_000
+_jitter = random.Random()  # our own: leaves the global generator's sequence to the application
 
 
 @dataclass(frozen=True)
@@ -375,7 +376,7 @@ class SegmentGenerator:
             if failing_since is None:
                 failing_since = started
                 log.warning("key %r: cannot load a range, retrying: %s", self.key, error)
-            self._stopping.wait(backoff * random.uniform(0.5, 1.5))
+            self._stopping.wait(backoff * _jitter.uniform(0.5, 1.5))
             backoff = min(backoff * 2, 1.0)
         with self._cond:
             self._refilling = False
