@@ -3,10 +3,12 @@ fresh database on every store for each test that asks for one."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,8 @@ from servers import MariaDBServer, PostgresServer
 # In CI every server must be there: a missing one is a failure, never a skip.
 STORES = ("memory", "sqlite", "postgres", "mariadb")
 SHARED_STORES = ("sqlite", "postgres", "mariadb")  # those other processes can reach
+LEASE_STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
+KV_SERVERS = {"redis": "RedisServer", "etcd": "EtcdServer", "zookeeper": "ZooKeeperServer"}
 
 _db_numbers = itertools.count(1)
 
@@ -43,6 +47,10 @@ def fresh_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
         return f"memory://{name}"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'idmint.db'}"
+    if kind in KV_SERVERS:
+        kv = request.getfixturevalue(f"{kind}_server")
+        kv_url: str = kv.store_url(name)  # a fresh prefix on the shared server
+        return kv_url
     server = request.getfixturevalue("postgres" if kind == "postgres" else "mariadb")
     url: str = server.create_database(name)
     return url
@@ -51,6 +59,12 @@ def fresh_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
 @pytest.fixture(params=STORES)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty store of every kind, in turn."""
+    return fresh_store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=LEASE_STORES)
+def lease_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty lease store of every kind, in turn."""
     return fresh_store_url(request.param, request, tmp_path)
 
 
@@ -66,3 +80,26 @@ def idmint_server(tmp_path: Path) -> Iterator[ServerProcess]:
     server = ServerProcess(f"sqlite:///{tmp_path / 'served.db'}").start()
     yield server
     server.stop()
+
+
+def _kv_server(kind: str) -> Iterator[Any]:
+    module = importlib.import_module(f"server_{kind}")
+    server = getattr(module, KV_SERVERS[kind])()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Any]:
+    yield from _kv_server("redis")
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[Any]:
+    yield from _kv_server("etcd")
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[Any]:
+    yield from _kv_server("zookeeper")

@@ -12,6 +12,7 @@ minter.close()                             # gives unused ids back
 from typing import TYPE_CHECKING, Any
 
 from ._errors import (
+    ClockMovedBackwards,
     Closed,
     DriverMissing,
     Exhausted,
@@ -19,7 +20,9 @@ from ._errors import (
     InvalidArgument,
     KeyExists,
     KeyNotFound,
+    LeaseLost,
     StoreUnavailable,
+    WorkersExhausted,
 )
 from ._minter import Minter, connect
 from .ids import ID_MAX, UINT31_MAX, Key, Range
@@ -47,6 +50,7 @@ __all__ = [
     "UINT31_MAX",
     "AsyncClient",
     "Client",
+    "ClockMovedBackwards",
     "Closed",
     "DriverMissing",
     "Exhausted",
@@ -55,6 +59,7 @@ __all__ = [
     "Key",
     "KeyExists",
     "KeyNotFound",
+    "LeaseLost",
     "Minter",
     "Range",
     "RangeStore",
@@ -62,6 +67,7 @@ __all__ = [
     "SegmentOptions",
     "SegmentStats",
     "StoreUnavailable",
+    "WorkersExhausted",
     "__version__",
     "connect",
     "open_store",

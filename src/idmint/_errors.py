@@ -7,6 +7,9 @@
      ├── KeyExists              `add` of a key that is already there
      ├── Exhausted              a bounded key has no ids left
      ├── StoreUnavailable       the store cannot be reached or did not answer in time; transient
+     ├── WorkersExhausted       every worker id of a namespace is leased
+     ├── LeaseLost              a snowflake generator's worker lease lapsed: it stopped issuing
+     ├── ClockMovedBackwards    the clock stepped back further than the generator waits out
      └── Closed                 the generator or minter was closed
 
 Every message says what happened and, where there is one, what to do about it. Messages are
@@ -56,6 +59,33 @@ class Exhausted(IdmintError):
 
 class StoreUnavailable(IdmintError):
     """The store could not be reached, failed, or did not answer within the bound."""
+
+
+class WorkersExhausted(IdmintError):
+    """Every worker id of a namespace is held by a live lease."""
+
+    def __init__(self, namespace: str, workers: int) -> None:
+        super().__init__(
+            f"all {workers} worker ids of namespace {namespace!r} are taken: wait for a lease "
+            "to expire, release one, or use a layout with more worker bits"
+        )
+        self.namespace = namespace
+        self.workers = workers
+
+
+class LeaseLost(IdmintError):
+    """The worker lease could not be renewed in time (or another process holds it now): the
+    generator stops issuing until it has a lease again."""
+
+
+class ClockMovedBackwards(IdmintError):
+    """The wall clock is behind the last timestamp issued by more than the generator waits."""
+
+    def __init__(self, behind_ms: float) -> None:
+        super().__init__(
+            f"the clock moved back {behind_ms:.0f} ms: refusing to issue ids until it catches up"
+        )
+        self.behind_ms = behind_ms
 
 
 class Closed(IdmintError):

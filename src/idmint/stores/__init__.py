@@ -6,14 +6,24 @@ import os
 from urllib.parse import urlsplit, urlunsplit
 
 from .._errors import InvalidArgument
-from .base import RangeStore
+from ._sql import Dialect, SqlRangeStore
+from ._sql_leases import SqlLeaseStore
+from .base import LeaseStore, RangeStore
 
 DEFAULT_STORE_URL = "sqlite:///./idmint.db"
 DEFAULT_TIMEOUT = 2.0
 
 SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "memory")
+LEASE_SCHEMES = (*SCHEMES, "redis", "rediss", "etcd", "zk")
 
-__all__ = ["DEFAULT_STORE_URL", "RangeStore", "open_store", "redact"]
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "LeaseStore",
+    "RangeStore",
+    "open_lease_store",
+    "open_store",
+    "redact",
+]
 
 
 def redact(url: str) -> str:
@@ -29,6 +39,33 @@ def redact(url: str) -> str:
         return url
 
 
+def _scheme(url: str) -> tuple[str, str]:
+    display = redact(url)
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    return scheme, display
+
+
+def _bad_scheme(display: str, schemes: tuple[str, ...]) -> InvalidArgument:
+    return InvalidArgument(
+        f"bad store URL {display!r}: it must start with one of "
+        + ", ".join(f"{s}://" for s in schemes)
+    )
+
+
+def _sql_dialect(scheme: str, url: str, display: str, timeout: float) -> Dialect:
+    if scheme == "sqlite":
+        from .sqlite import sqlite_dialect
+
+        return sqlite_dialect(url, timeout=timeout)
+    if scheme in ("postgresql", "postgres"):
+        from .postgres import postgres_dialect
+
+        return postgres_dialect(url, display, timeout=timeout)
+    from .mysql import mysql_dialect
+
+    return mysql_dialect(url, display, timeout=timeout)
+
+
 def open_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> RangeStore:
     """Open the range store a URL names (default: $IDMINT_STORE, then sqlite:///./idmint.db).
 
@@ -36,25 +73,37 @@ def open_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> R
     store connects on first use, so an unreachable store is reported by the first operation.
     """
     url = url or os.environ.get("IDMINT_STORE") or DEFAULT_STORE_URL
-    display = redact(url)
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    scheme, display = _scheme(url)
     if scheme not in SCHEMES:
-        raise InvalidArgument(
-            f"bad store URL {display!r}: it must start with one of "
-            + ", ".join(f"{s}://" for s in SCHEMES)
-        )
-    if scheme == "sqlite":
-        from .sqlite import open_sqlite
+        raise _bad_scheme(display, SCHEMES)
+    if scheme == "memory":
+        from .memory import open_memory
 
-        return open_sqlite(url, timeout=timeout)
-    if scheme in ("postgresql", "postgres"):
-        from .postgres import open_postgres
+        return open_memory(url)
+    return SqlRangeStore(_sql_dialect(scheme, url, display, timeout), display)
 
-        return open_postgres(url, display, timeout=timeout)
-    if scheme in ("mysql", "mariadb"):
-        from .mysql import open_mysql
 
-        return open_mysql(url, display, timeout=timeout)
-    from .memory import open_memory
+def open_lease_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> LeaseStore:
+    """Open the worker-id lease store a URL names: the range stores' URLs, plus redis://,
+    etcd:// and zk://. Lazy like open_store."""
+    url = url or os.environ.get("IDMINT_STORE") or DEFAULT_STORE_URL
+    scheme, display = _scheme(url)
+    if scheme not in LEASE_SCHEMES:
+        raise _bad_scheme(display, LEASE_SCHEMES)
+    if scheme == "memory":
+        from .memory_leases import open_memory_leases
 
-    return open_memory(url)
+        return open_memory_leases(url)
+    if scheme in ("redis", "rediss"):
+        from .redis import open_redis_leases
+
+        return open_redis_leases(url, display, timeout=timeout)
+    if scheme == "etcd":
+        from .etcd import open_etcd_leases
+
+        return open_etcd_leases(url, display, timeout=timeout)
+    if scheme == "zk":
+        from .zookeeper import open_zookeeper_leases
+
+        return open_zookeeper_leases(url, display, timeout=timeout)
+    return SqlLeaseStore(_sql_dialect(scheme, url, display, timeout), display)

@@ -29,7 +29,10 @@ class Dialect:
     """What differs between SQL engines; the statements themselves are shared."""
 
     connect: Callable[[], Any]
-    create_table: str
+    #: CREATE TABLE IF NOT EXISTS statements, run on every new connection.
+    schema: Sequence[str]
+    #: SQL expression for the store's current time in Unix milliseconds (lease expiry).
+    now_ms: str
     #: Statement that opens a transaction holding the row locks we need.
     begin: str = "BEGIN"
     #: Suffix that locks the selected row until commit ("" where `begin` already locks).
@@ -45,9 +48,11 @@ class Dialect:
     duplicate: tuple[type[BaseException], ...] = ()
     #: Statements run once on every new connection.
     on_connect: Sequence[str] = ()
-    #: The engine's two-argument maximum, if it also has UPDATE ... RETURNING: then a whole
-    #: range is taken in one statement, one round trip (see SqlRangeStore.allocate).
-    greatest_with_returning: str | None = None
+    #: The engine's two-argument maximum.
+    greatest: str = "GREATEST"
+    #: UPDATE ... RETURNING: then a whole range is taken in one statement, one round trip
+    #: (see SqlRangeStore.allocate).
+    returning: bool = False
 
 
 def _as_datetime(value: object) -> datetime | None:
@@ -59,8 +64,9 @@ def _as_datetime(value: object) -> datetime | None:
     return None
 
 
-class SqlRangeStore:
-    """A RangeStore on a table of keys, one row per key (see docs/stores.md)."""
+class SqlConnection:
+    """One connection, used under a lock, made again after a failure; every operation one
+    transaction (or one statement), driver errors mapped to idmint's."""
 
     def __init__(self, dialect: Dialect, display_url: str) -> None:
         self.display_url = display_url
@@ -68,29 +74,11 @@ class SqlRangeStore:
         self._lock = threading.Lock()
         self._conn: Any = None
         self._closed = False
-        p = dialect.param
-        now = dialect.now
-        self._select = f"SELECT {COLUMNS} FROM {TABLE} WHERE name = {p}"
-        self._select_locked = self._select + dialect.for_update
-        self._select_all = f"SELECT {COLUMNS} FROM {TABLE} ORDER BY name"
-        self._insert = (
-            f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {now})"
-        )
-        self._set_max = f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} WHERE name = {p}"
-        self._set_floor = (
-            f"UPDATE {TABLE} SET first_id = {p}, max_id = {p}, updated_at = {now} WHERE name = {p}"
-        )
-        g = dialect.greatest_with_returning
-        # Takes a whole range or nothing; written so no expression can overflow a BIGINT.
-        self._take_whole = g and (
-            f"UPDATE {TABLE} SET max_id = {g}(max_id, first_id) + COALESCE({p}, step), "
-            f"updated_at = {now} WHERE name = {p} "
-            f"AND COALESCE({p}, step) <= last_id + 1 - {g}(max_id, first_id) RETURNING {COLUMNS}"
-        )
-        self._give_back = (
-            f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} "
-            f"WHERE name = {p} AND max_id = {p} AND first_id <= {p}"
-        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._drop_connection()
 
     # -- connection handling ---------------------------------------------------------------
 
@@ -105,8 +93,9 @@ class SqlRangeStore:
                     cur.execute(statement)
                 # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another process
                 # creating the same table; the table is there, which is the goal.
-                with contextlib.suppress(*self._dialect.duplicate):
-                    cur.execute(self._dialect.create_table)
+                for statement in self._dialect.schema:
+                    with contextlib.suppress(*self._dialect.duplicate):
+                        cur.execute(statement)
             except BaseException:
                 conn.close()
                 raise
@@ -145,6 +134,36 @@ class SqlRangeStore:
                 raise StoreUnavailable(
                     f"store {self.display_url} unavailable: {_one_line(exc)}"
                 ) from exc
+
+
+class SqlRangeStore(SqlConnection):
+    """A RangeStore on a table of keys, one row per key (see docs/stores.md)."""
+
+    def __init__(self, dialect: Dialect, display_url: str) -> None:
+        super().__init__(dialect, display_url)
+        p = dialect.param
+        now = dialect.now
+        self._select = f"SELECT {COLUMNS} FROM {TABLE} WHERE name = {p}"
+        self._select_locked = self._select + dialect.for_update
+        self._select_all = f"SELECT {COLUMNS} FROM {TABLE} ORDER BY name"
+        self._insert = (
+            f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {now})"
+        )
+        self._set_max = f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} WHERE name = {p}"
+        self._set_floor = (
+            f"UPDATE {TABLE} SET first_id = {p}, max_id = {p}, updated_at = {now} WHERE name = {p}"
+        )
+        g = dialect.greatest
+        # Takes a whole range or nothing; written so no expression can overflow a BIGINT.
+        self._take_whole = dialect.returning and (
+            f"UPDATE {TABLE} SET max_id = {g}(max_id, first_id) + COALESCE({p}, step), "
+            f"updated_at = {now} WHERE name = {p} "
+            f"AND COALESCE({p}, step) <= last_id + 1 - {g}(max_id, first_id) RETURNING {COLUMNS}"
+        )
+        self._give_back = (
+            f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} "
+            f"WHERE name = {p} AND max_id = {p} AND first_id <= {p}"
+        )
 
     def _key(self, cur: Any, name: str, *, lock: bool) -> Key:
         cur.execute(self._select_locked if lock else self._select, (name,))
@@ -219,11 +238,6 @@ class SqlRangeStore:
             return self._key(cur, name, lock=False)
 
         return self._run(body)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._drop_connection()
 
 
 def _row_to_key(row: Sequence[Any]) -> Key:

@@ -1,4 +1,4 @@
-"""The contract every range store meets (see docs/design.md, "Stores").
+"""The contracts stores meet: RangeStore (segments) and LeaseStore (snowflake worker ids).
 
 A strategy never imports a store module: it is handed an object with these methods. Every
 method is thread-safe. Every method either completes atomically and durably or raises; a range
@@ -8,6 +8,7 @@ is never served.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..ids import Allocation, Key, Range
@@ -54,3 +55,60 @@ class RangeStore(Protocol):
 
     def close(self) -> None:
         """Release connections. The store may not be used afterwards."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker id held in a namespace, fenced by time.
+
+    The holder may issue ids with timestamps in (floor_ms, horizon_ms]: `floor_ms` is the highest
+    timestamp any earlier holder of this worker id was allowed to issue, `horizon_ms` the highest
+    this holder may issue, as the store has durably recorded it. Both are Unix milliseconds.
+    """
+
+    namespace: str
+    worker_id: int
+    owner: str
+    floor_ms: int
+    horizon_ms: int
+    ttl: float
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One worker id of a namespace as the store sees it, for `idmint workers list`."""
+
+    namespace: str
+    worker_id: int
+    owner: str
+    host: str
+    expires_in: float | None  # seconds; None or negative when free or expired
+    horizon_ms: int
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Worker-id leases with a per-worker time horizon that only moves up and outlives leases.
+
+    Expiry is judged by one clock, the store's (or the store's own TTL), never the clients'.
+    """
+
+    display_url: str
+
+    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+        """Take the lowest worker id in [0, workers) that no live lease holds. The returned
+        lease's floor is the stored horizon of that id; its horizon is max(floor, horizon_ms),
+        recorded before returning. Raises WorkersExhausted."""
+
+    def renew(self, lease: Lease, horizon_ms: int) -> Lease:
+        """Extend the lease by its ttl and raise its horizon to `horizon_ms` (never lower it).
+        Raises LeaseLost when another owner holds the id now."""
+
+    def release(self, lease: Lease) -> None:
+        """Free the worker id at once (its horizon stays). Never raises LeaseLost."""
+
+    def holders(self, namespace: str) -> list[WorkerInfo]:
+        """Every worker id the namespace has used, lowest first."""
+
+    def close(self) -> None:
+        """Release connections (not the leases)."""

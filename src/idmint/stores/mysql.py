@@ -11,7 +11,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import DriverMissing, InvalidArgument
-from ._sql import TABLE, Dialect, SqlRangeStore
+from ._sql import TABLE, Dialect
+from ._sql_leases import CREATE_WORKERS_TABLE
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -26,7 +27,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 """
 
 
-def open_mysql(url: str, display_url: str, *, timeout: float) -> SqlRangeStore:
+def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     try:
         import pymysql
     except ImportError as exc:
@@ -57,11 +58,15 @@ def open_mysql(url: str, display_url: str, *, timeout: float) -> SqlRangeStore:
             read_timeout=max(5.0, timeout * 5),
             write_timeout=max(5.0, timeout * 5),
             charset="utf8mb4",
+            # rowcount = rows matched, not rows changed: a renewal that changes nothing
+            # visible is still a renewal.
+            client_flag=pymysql.constants.CLIENT.FOUND_ROWS,
         )
 
     dialect = Dialect(
         connect=connect,
-        create_table=CREATE_TABLE,
+        schema=(CREATE_TABLE, CREATE_WORKERS_TABLE),
+        now_ms="CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
         begin="START TRANSACTION",
         now="UTC_TIMESTAMP(6)",
         param="%s",
@@ -69,4 +74,4 @@ def open_mysql(url: str, display_url: str, *, timeout: float) -> SqlRangeStore:
         duplicate=(pymysql.err.IntegrityError,),
         on_connect=("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",),
     )
-    return SqlRangeStore(dialect, display_url)
+    return dialect

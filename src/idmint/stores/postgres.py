@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import DriverMissing, InvalidArgument
-from ._sql import TABLE, Dialect, SqlRangeStore
+from ._sql import TABLE, Dialect
+from ._sql_leases import CREATE_WORKERS_TABLE
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -25,7 +26,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 """
 
 
-def open_postgres(url: str, display_url: str, *, timeout: float) -> SqlRangeStore:
+def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     try:
         import psycopg
     except ImportError as exc:
@@ -49,12 +50,13 @@ def open_postgres(url: str, display_url: str, *, timeout: float) -> SqlRangeStor
 
     dialect = Dialect(
         connect=connect,
-        create_table=CREATE_TABLE,
+        schema=(CREATE_TABLE, CREATE_WORKERS_TABLE),
+        now_ms="CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
         begin="BEGIN",
         now="now()",
         param="%s",
         unavailable=(psycopg.OperationalError, psycopg.InterfaceError),
         duplicate=(psycopg.errors.UniqueViolation,),
-        greatest_with_returning="GREATEST",
+        returning=True,
     )
-    return SqlRangeStore(dialect, display_url)
+    return dialect

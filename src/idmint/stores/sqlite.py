@@ -12,7 +12,8 @@ import sqlite3
 from pathlib import Path
 
 from .._errors import InvalidArgument
-from ._sql import TABLE, Dialect, SqlRangeStore
+from ._sql import TABLE, Dialect
+from ._sql_leases import CREATE_WORKERS_TABLE
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -38,7 +39,7 @@ def sqlite_path(url: str) -> str:
     return url[len(prefix) :]
 
 
-def open_sqlite(url: str, *, timeout: float) -> SqlRangeStore:
+def sqlite_dialect(url: str, *, timeout: float) -> Dialect:
     path = sqlite_path(url)
     if path != ":memory:" and not Path(path).parent.is_dir():
         raise InvalidArgument(
@@ -51,18 +52,20 @@ def open_sqlite(url: str, *, timeout: float) -> SqlRangeStore:
 
     dialect = Dialect(
         connect=connect,
-        create_table=CREATE_TABLE,
+        schema=(CREATE_TABLE, CREATE_WORKERS_TABLE),
+        now_ms="CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
         begin="BEGIN IMMEDIATE",
         for_update="",
         now="strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
         param="?",
         unavailable=(sqlite3.OperationalError,),
         duplicate=(sqlite3.IntegrityError,),
-        greatest_with_returning="max" if sqlite3.sqlite_version_info >= (3, 35) else None,
+        greatest="max",
+        returning=sqlite3.sqlite_version_info >= (3, 35),
         on_connect=(
             "PRAGMA journal_mode=WAL",
             "PRAGMA synchronous=FULL",
             f"PRAGMA busy_timeout={int(timeout * 1000)}",
         ),
     )
-    return SqlRangeStore(dialect, url)
+    return dialect

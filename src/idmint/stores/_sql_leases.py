@@ -1,0 +1,141 @@
+"""Worker-id leases on the SQL engines: one row per (namespace, worker id).
+
+Expiry is judged by the database's clock (`Dialect.now_ms`), the one clock every holder shares.
+A row is never deleted: its `horizon_ms` (the highest timestamp any holder of that id may
+issue) only moves up and is the next holder's floor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any
+
+from .._errors import LeaseLost, WorkersExhausted
+from ._sql import Dialect, SqlConnection
+from .base import Lease, WorkerInfo
+
+WORKERS_TABLE = "idmint_workers"
+CREATE_WORKERS_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {WORKERS_TABLE} (
+    namespace  VARCHAR(128) NOT NULL,
+    worker_id  INTEGER      NOT NULL,
+    owner      VARCHAR(64)  NOT NULL DEFAULT '',
+    host       VARCHAR(255) NOT NULL DEFAULT '',
+    expires_ms BIGINT       NOT NULL DEFAULT 0,
+    horizon_ms BIGINT       NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, worker_id)
+)
+"""
+
+ACQUIRE_ATTEMPTS = 5  # two processes inserting the same new worker id: one retries
+
+
+def holder_name() -> str:
+    """Who holds a lease, for `idmint workers list`: host and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:255]
+
+
+class SqlLeaseStore(SqlConnection):
+    """A LeaseStore on the idmint_workers table."""
+
+    def __init__(self, dialect: Dialect, display_url: str) -> None:
+        super().__init__(dialect, display_url)
+        p, now, g = dialect.param, dialect.now_ms, dialect.greatest
+        t = WORKERS_TABLE
+        where = f"namespace = {p} AND worker_id = {p}"
+        self._scan = (
+            f"SELECT worker_id, owner, expires_ms, horizon_ms, {now} FROM {t} "
+            f"WHERE namespace = {p}" + dialect.for_update
+        )
+        self._take = (
+            f"UPDATE {t} SET owner = {p}, host = {p}, expires_ms = {now} + {p}, horizon_ms = {p} "
+            f"WHERE {where}"
+        )
+        self._insert = (
+            f"INSERT INTO {t} (namespace, worker_id, owner, host, expires_ms, horizon_ms) "
+            f"VALUES ({p}, {p}, {p}, {p}, {now} + {p}, {p})"
+        )
+        self._renew = (
+            f"UPDATE {t} SET expires_ms = {now} + {p}, horizon_ms = {g}(horizon_ms, {p}) "
+            f"WHERE {where} AND owner = {p}"
+        )
+        self._horizon = f"SELECT horizon_ms FROM {t} WHERE {where}"
+        self._release = f"UPDATE {t} SET owner = '', expires_ms = 0 WHERE {where} AND owner = {p}"
+        self._list = (
+            f"SELECT worker_id, owner, host, expires_ms - {now}, horizon_ms FROM {t} "
+            f"WHERE namespace = {p} ORDER BY worker_id"
+        )
+
+    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+        owner, host, ttl_ms = uuid.uuid4().hex, holder_name(), int(ttl * 1000)
+
+        def body(cur: Any) -> Lease:
+            cur.execute(self._scan, (namespace,))
+            rows = {int(r[0]): r for r in cur.fetchall()}
+            now = None
+            for row in rows.values():
+                now = int(row[4])
+                break
+            for worker_id in range(workers):
+                row = rows.get(worker_id)
+                if row is None:
+                    cur.execute(
+                        self._insert, (namespace, worker_id, owner, host, ttl_ms, horizon_ms)
+                    )
+                    return Lease(namespace, worker_id, owner, 0, horizon_ms, ttl)
+                live = row[1] != "" and now is not None and int(row[2]) > now
+                if not live:
+                    floor = int(row[3])
+                    horizon = max(floor, horizon_ms)
+                    cur.execute(self._take, (owner, host, ttl_ms, horizon, namespace, worker_id))
+                    return Lease(namespace, worker_id, owner, floor, horizon, ttl)
+            raise WorkersExhausted(namespace, workers)
+
+        for attempt in range(ACQUIRE_ATTEMPTS):
+            try:
+                return self._run(body)
+            except self._dialect.duplicate:
+                if attempt == ACQUIRE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def renew(self, lease: Lease, horizon_ms: int) -> Lease:
+        key = (lease.namespace, lease.worker_id)
+
+        def body(cur: Any) -> Lease:
+            cur.execute(self._renew, (int(lease.ttl * 1000), horizon_ms, *key, lease.owner))
+            if cur.rowcount != 1:
+                raise LeaseLost(
+                    f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
+                )
+            cur.execute(self._horizon, key)
+            horizon = int(cur.fetchone()[0])
+            return Lease(
+                lease.namespace, lease.worker_id, lease.owner, lease.floor_ms, horizon, lease.ttl
+            )
+
+        return self._run(body)
+
+    def release(self, lease: Lease) -> None:
+        self._run(
+            lambda cur: cur.execute(self._release, (lease.namespace, lease.worker_id, lease.owner))
+        )
+
+    def holders(self, namespace: str) -> list[WorkerInfo]:
+        def body(cur: Any) -> list[WorkerInfo]:
+            cur.execute(self._list, (namespace,))
+            return [
+                WorkerInfo(
+                    namespace,
+                    int(wid),
+                    str(owner),
+                    str(host),
+                    int(left) / 1000 if owner else None,
+                    int(horizon),
+                )
+                for wid, owner, host, left, horizon in cur.fetchall()
+            ]
+
+        return self._run(body, transaction=False)

@@ -1,0 +1,93 @@
+"""Worker-id leases in a dict: for strategy tests. Same contract as the real lease stores."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .._errors import LeaseLost, WorkersExhausted
+from .base import Lease, WorkerInfo
+
+
+@dataclass
+class _Slot:
+    owner: str = ""
+    expires: float = 0.0
+    horizon_ms: int = 0
+    host: str = ""
+
+
+class MemoryLeaseStore:
+    """Leases judged by one clock (`clock`, monotonic seconds by default), under one lock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.display_url = "memory://"
+        self._clock = clock
+        self._slots: dict[tuple[str, int], _Slot] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+        with self._lock:
+            now = self._clock()
+            for worker_id in range(workers):
+                slot = self._slots.setdefault((namespace, worker_id), _Slot())
+                if slot.owner and slot.expires > now:
+                    continue
+                floor = slot.horizon_ms
+                slot.owner, slot.expires = uuid.uuid4().hex, now + ttl
+                slot.horizon_ms = max(floor, horizon_ms)
+                slot.host = "memory"
+                return Lease(namespace, worker_id, slot.owner, floor, slot.horizon_ms, ttl)
+        raise WorkersExhausted(namespace, workers)
+
+    def renew(self, lease: Lease, horizon_ms: int) -> Lease:
+        with self._lock:
+            slot = self._slots.get((lease.namespace, lease.worker_id))
+            if slot is None or slot.owner != lease.owner:
+                raise LeaseLost(f"worker {lease.worker_id} of {lease.namespace!r} has a new owner")
+            slot.expires = self._clock() + lease.ttl
+            slot.horizon_ms = max(slot.horizon_ms, horizon_ms)
+            return Lease(
+                lease.namespace,
+                lease.worker_id,
+                lease.owner,
+                lease.floor_ms,
+                slot.horizon_ms,
+                lease.ttl,
+            )
+
+    def release(self, lease: Lease) -> None:
+        with self._lock:
+            slot = self._slots.get((lease.namespace, lease.worker_id))
+            if slot is not None and slot.owner == lease.owner:
+                slot.owner, slot.expires = "", 0.0
+
+    def holders(self, namespace: str) -> list[WorkerInfo]:
+        with self._lock:
+            now = self._clock()
+            return [
+                WorkerInfo(
+                    ns, wid, s.owner, s.host, (s.expires - now) if s.owner else None, s.horizon_ms
+                )
+                for (ns, wid), s in sorted(self._slots.items())
+                if ns == namespace
+            ]
+
+    def close(self) -> None:
+        pass
+
+
+_named: dict[str, MemoryLeaseStore] = {}
+_named_lock = threading.Lock()
+
+
+def open_memory_leases(url: str) -> MemoryLeaseStore:
+    """`memory://NAME` stores are shared within a process by name; `memory://` is new each time."""
+    name = url[len("memory://") :]
+    if not name:
+        return MemoryLeaseStore()
+    with _named_lock:
+        return _named.setdefault(name, MemoryLeaseStore())

@@ -1,0 +1,122 @@
+"""The LeaseStore contract, run against every lease store on real servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from idmint import LeaseLost, WorkersExhausted
+from idmint.stores import open_lease_store
+from idmint.stores.base import Lease, LeaseStore
+
+from checks import run_threads
+
+NOW = 1_800_000_000_000  # a Unix millisecond: the horizons below are plain numbers
+
+
+@pytest.fixture
+def store(lease_store_url: str) -> Iterator[LeaseStore]:
+    s = open_lease_store(lease_store_url)
+    yield s
+    s.close()
+
+
+def take(
+    store: LeaseStore, ns: str = "ns", workers: int = 4, ttl: float = 30.0, horizon: int = NOW
+) -> Lease:
+    return store.acquire(ns, workers=workers, ttl=ttl, horizon_ms=horizon)
+
+
+def test_meets_the_protocol(store: LeaseStore) -> None:
+    assert isinstance(store, LeaseStore)
+
+
+def test_lowest_free_worker_id_first(store: LeaseStore) -> None:
+    leases = [take(store) for _ in range(3)]
+    assert [lease.worker_id for lease in leases] == [0, 1, 2]
+    assert len({lease.owner for lease in leases}) == 3
+    first = leases[0]
+    assert (first.floor_ms, first.horizon_ms, first.ttl) == (0, NOW, 30.0)
+    store.release(leases[1])
+    assert take(store).worker_id == 1
+
+
+def test_a_new_holder_starts_above_the_old_horizon(store: LeaseStore) -> None:
+    old = take(store, horizon=NOW)
+    old = store.renew(old, NOW + 5000)
+    assert old.horizon_ms == NOW + 5000
+    store.release(old)
+    new = take(store, horizon=NOW + 1000)  # its clock is behind the old holder's horizon
+    assert new.worker_id == old.worker_id
+    assert new.floor_ms == NOW + 5000
+    assert new.horizon_ms == NOW + 5000  # never below the floor
+
+
+def test_renew_never_lowers_the_horizon(store: LeaseStore) -> None:
+    lease = store.renew(take(store, horizon=NOW), NOW + 9000)
+    assert store.renew(lease, NOW + 100).horizon_ms == NOW + 9000
+
+
+def test_all_taken_names_the_namespace(store: LeaseStore) -> None:
+    for _ in range(2):
+        take(store, ns="tight", workers=2)
+    with pytest.raises(WorkersExhausted, match="'tight'"):
+        take(store, ns="tight", workers=2)
+    assert take(store, ns="other", workers=2).worker_id == 0  # namespaces are separate
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_holder_fenced(store: LeaseStore) -> None:
+    old = take(store, ns="exp", workers=1, ttl=1.0, horizon=NOW + 700)
+    with pytest.raises(WorkersExhausted):
+        take(store, ns="exp", workers=1, ttl=1.0)
+    deadline = time.monotonic() + 15
+    while True:  # stores judge expiry by their own clock, some with a coarse grain
+        try:
+            new = take(store, ns="exp", workers=1, ttl=30.0, horizon=NOW)
+            break
+        except WorkersExhausted:
+            assert time.monotonic() < deadline, "the lease never expired"
+            time.sleep(0.2)
+    assert new.worker_id == old.worker_id and new.floor_ms == NOW + 700
+    with pytest.raises(LeaseLost):
+        store.renew(old, NOW + 99_000)
+    store.release(old)  # a stale release changes nothing
+    with pytest.raises(WorkersExhausted):
+        take(store, ns="exp", workers=1)
+    assert store.renew(new, NOW + 1).horizon_ms == NOW + 700
+
+
+def test_renewal_keeps_a_lease_alive(store: LeaseStore) -> None:
+    lease = take(store, ns="live", workers=1, ttl=1.0)
+    for _ in range(6):
+        time.sleep(0.3)
+        lease = store.renew(lease, NOW)
+    with pytest.raises(WorkersExhausted):
+        take(store, ns="live", workers=1, ttl=1.0)
+
+
+def test_holders(store: LeaseStore) -> None:
+    a, b = take(store, ns="h"), take(store, ns="h", horizon=NOW + 5)
+    store.release(a)
+    rows = {row.worker_id: row for row in store.holders("h")}
+    assert rows[1].owner == b.owner and rows[1].horizon_ms == NOW + 5
+    assert rows[1].expires_in is not None and 0 < rows[1].expires_in <= 30.5
+    assert rows[0].expires_in is None or rows[0].expires_in <= 0
+    assert store.holders("nobody") == []
+
+
+def test_concurrent_acquires_get_distinct_ids(store: LeaseStore) -> None:
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def grab() -> None:
+        for _ in range(3):
+            lease = take(store, ns="race", workers=64)
+            with lock:
+                got.append(lease.worker_id)
+
+    run_threads(grab, 6)
+    assert sorted(got) == list(range(18))
