@@ -15,9 +15,12 @@ from .ids import (
     check_key_bounds,
     check_key_name,
 )
-from .stores import DEFAULT_TIMEOUT, open_store
-from .stores.base import RangeStore
+from .layout import Layout
+from .stores import DEFAULT_TIMEOUT, open_lease_store, open_store
+from .stores.base import LeaseStore, NoRangeStore, RangeStore
+from .stores.static import StaticLeaseStore
 from .strategies.segment import SegmentGenerator, SegmentOptions
+from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
 
 class Minter:
@@ -29,10 +32,18 @@ class Minter:
         orders.next_id()
     """
 
-    def __init__(self, store: RangeStore, *, segment_options: SegmentOptions | None = None) -> None:
+    def __init__(
+        self,
+        store: RangeStore,
+        *,
+        segment_options: SegmentOptions | None = None,
+        lease_store: LeaseStore | None = None,
+    ) -> None:
         self.store = store
+        self.lease_store = lease_store
         self.segment_options = segment_options or SegmentOptions()
         self._segments: dict[str, SegmentGenerator] = {}
+        self._snowflakes: list[SnowflakeGenerator] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -96,6 +107,33 @@ class Minter:
                 self._segments[name] = gen
             return gen
 
+    def snowflake(
+        self,
+        layout: str | Layout = "twitter",
+        options: SnowflakeOptions | None = None,
+        *,
+        worker_id: int | None = None,
+        state: str | None = None,
+    ) -> SnowflakeGenerator:
+        """A snowflake generator with a worker id leased from the store (or, with `worker_id`
+        and `state`, a static worker id fenced by a local state file). Close it to release the
+        worker id."""
+        if worker_id is not None:
+            if not state:
+                raise InvalidArgument("a static worker id needs a state file (state=PATH)")
+            store: LeaseStore = StaticLeaseStore(worker_id, state)
+        elif self.lease_store is None:
+            raise InvalidArgument(f"store {self.url} keeps no worker leases")
+        else:
+            store = self.lease_store
+        with self._lock:
+            if self._closed:
+                raise Closed("the minter is closed")
+        gen = SnowflakeGenerator(store, layout, options)
+        with self._lock:
+            self._snowflakes.append(gen)
+        return gen
+
     def generators(self) -> list[SegmentGenerator]:
         """The generators made so far, for metrics."""
         with self._lock:
@@ -106,9 +144,14 @@ class Minter:
         with self._lock:
             self._closed = True
             generators, self._segments = list(self._segments.values()), {}
+            flakes, self._snowflakes = self._snowflakes, []
         for gen in generators:
             gen.close()
+        for flake in flakes:
+            flake.close()
         self.store.close()
+        if self.lease_store is not None:
+            self.lease_store.close()
 
     def __enter__(self) -> Minter:
         return self
@@ -128,4 +171,10 @@ def connect(
     The default is $IDMINT_STORE, then sqlite:///./idmint.db. Connecting is lazy: an
     unreachable store is reported by the first call that needs it.
     """
-    return Minter(open_store(url, timeout=timeout), segment_options=segment_options)
+    leases = open_lease_store(url, timeout=timeout)
+    try:
+        ranges: RangeStore = open_store(url, timeout=timeout)
+    except InvalidArgument:
+        # redis://, etcd://, zk:// keep worker leases; segment keys live on the SQL engines.
+        ranges = NoRangeStore(leases.display_url)
+    return Minter(ranges, segment_options=segment_options, lease_store=leases)

@@ -19,7 +19,7 @@ import click
 from . import __version__
 from ._errors import Exhausted, IdmintError, InvalidArgument, KeyExists, KeyNotFound
 from ._minter import Minter, connect
-from .ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, UINT31_MAX, Key
+from .ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, UINT31_MAX, Key, check_count
 from .stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
 
 EXIT_FAILED = 1
@@ -280,6 +280,91 @@ def serve(
     flags = {"host": host, "port": port, "workers": workers, "token": token, "http": http_version}
     values.update({k: v for k, v in flags.items() if v is not None})
     run_server(ServerConfig.from_mapping(values))
+
+
+@cli.command()
+@store_options
+@click.option("-n", "count", type=int, default=1, show_default=True, help="How many ids.")
+@click.option("--layout", default="twitter", show_default=True, help="twitter, sonyflake or js53.")
+@click.option(
+    "--namespace",
+    default="default",
+    show_default=True,
+    help="The worker ids' namespace in the store.",
+)
+@click.option("--worker-id", type=int, help="A static worker id instead of a lease.")
+@click.option("--state", help="The static worker's state file (needed with --worker-id).")
+@click.pass_context
+def snowflake(
+    ctx: click.Context,
+    count: int,
+    layout: str,
+    namespace: str,
+    worker_id: int | None,
+    state: str | None,
+) -> None:
+    """Print COUNT snowflake ids, one per line, from a leased worker id."""
+    from .strategies.snowflake import SnowflakeOptions
+
+    check_count(count, maximum=1_000_000)
+    with _minter(ctx) as minter:
+        flakes = minter.snowflake(
+            layout, SnowflakeOptions(namespace=namespace), worker_id=worker_id, state=state
+        )
+        ids = flakes.next_ids(count)
+    click.echo("\n".join(map(str, ids)))
+
+
+@cli.command()
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--layout", default="twitter", show_default=True, help="twitter, sonyflake or js53.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per id.")
+def decode(ids: tuple[str, ...], layout: str, as_json: bool) -> None:
+    """Show the time, worker and sequence of snowflake IDS."""
+    from .layout import layout_named
+
+    chosen = layout_named(layout)
+    bad = [text for text in ids if not text.isdigit()]
+    if bad:
+        raise InvalidArgument(f"{bad[0]!r} is not an id: ids are non-negative integers")
+    for parts in [chosen.decode(int(text)) for text in ids]:
+        if as_json:
+            click.echo(json.dumps(parts.as_dict()))
+        else:
+            click.echo(
+                f"{parts.id}  time {parts.time.isoformat()}  worker {parts.worker}  "
+                f"sequence {parts.sequence}"
+            )
+
+
+@cli.group()
+def workers() -> None:
+    """Snowflake worker-id leases."""
+
+
+@workers.command("list")
+@store_options
+@click.option("--namespace", default="default", show_default=True)
+@click.pass_context
+def workers_list(ctx: click.Context, namespace: str) -> None:
+    """Who holds which worker id, until when, and each id's horizon."""
+    from datetime import UTC, datetime
+
+    with _minter(ctx) as minter:
+        if minter.lease_store is None:
+            raise InvalidArgument(f"store {minter.url} keeps no worker leases")
+        rows = minter.lease_store.holders(namespace)
+    click.echo("WORKER  HOLDER                          EXPIRES_IN  HORIZON")
+    for row in rows:
+        live = row.owner and row.expires_in is not None and row.expires_in > 0
+        holder = row.host if live else "-"
+        left = f"{row.expires_in:.1f}s" if live and row.expires_in is not None else "free"
+        horizon = (
+            datetime.fromtimestamp(row.horizon_ms / 1000, UTC).isoformat(timespec="milliseconds")
+            if row.horizon_ms
+            else "-"
+        )
+        click.echo(f"{row.worker_id:<7} {holder:<31} {left:<11} {horizon}")
 
 
 def _when(key: Key) -> str:

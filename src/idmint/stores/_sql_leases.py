@@ -63,6 +63,10 @@ class SqlLeaseStore(SqlConnection):
         )
         self._horizon = f"SELECT horizon_ms FROM {t} WHERE {where}"
         self._release = f"UPDATE {t} SET owner = '', expires_ms = 0 WHERE {where} AND owner = {p}"
+        self._release_down = (
+            f"UPDATE {t} SET owner = '', expires_ms = 0, horizon_ms = {p} "
+            f"WHERE {where} AND owner = {p}"
+        )
         self._list = (
             f"SELECT worker_id, owner, host, expires_ms - {now}, horizon_ms FROM {t} "
             f"WHERE namespace = {p} ORDER BY worker_id"
@@ -118,10 +122,13 @@ class SqlLeaseStore(SqlConnection):
 
         return self._run(body)
 
-    def release(self, lease: Lease) -> None:
-        self._run(
-            lambda cur: cur.execute(self._release, (lease.namespace, lease.worker_id, lease.owner))
-        )
+    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
+        key = (lease.namespace, lease.worker_id, lease.owner)
+        if issued_ms is None:
+            self._run(lambda cur: cur.execute(self._release, key))
+        else:
+            down = max(lease.floor_ms, issued_ms)
+            self._run(lambda cur: cur.execute(self._release_down, (down, *key)))
 
     def holders(self, namespace: str) -> list[WorkerInfo]:
         def body(cur: Any) -> list[WorkerInfo]:

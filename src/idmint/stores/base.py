@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from .._errors import InvalidArgument
 from ..ids import Allocation, Key, Range
 
 
@@ -104,11 +105,53 @@ class LeaseStore(Protocol):
         """Extend the lease by its ttl and raise its horizon to `horizon_ms` (never lower it).
         Raises LeaseLost when another owner holds the id now."""
 
-    def release(self, lease: Lease) -> None:
-        """Free the worker id at once (its horizon stays). Never raises LeaseLost."""
+    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
+        """Free the worker id at once. With `issued_ms` (the holder's last issued timestamp,
+        after it stopped issuing) the horizon comes down to max(lease.floor_ms, issued_ms), so
+        the next holder need not wait out a horizon nobody used. Never raises LeaseLost."""
 
     def holders(self, namespace: str) -> list[WorkerInfo]:
         """Every worker id the namespace has used, lowest first."""
 
     def close(self) -> None:
         """Release connections (not the leases)."""
+
+
+class NoRangeStore:
+    """The range side of a URL whose engine keeps only worker leases (redis://, etcd://, zk://):
+    every call says so."""
+
+    def __init__(self, display_url: str) -> None:
+        self.display_url = display_url
+
+    def _refuse(self) -> InvalidArgument:
+        return InvalidArgument(
+            f"store {self.display_url} keeps snowflake worker leases only; segment keys need "
+            "sqlite://, postgresql:// or mysql://"
+        )
+
+    def init(self) -> None:
+        pass
+
+    def add_key(
+        self, name: str, *, step: int, first_id: int, last_id: int, description: str = ""
+    ) -> Key:
+        raise self._refuse()
+
+    def get_key(self, name: str) -> Key:
+        raise self._refuse()
+
+    def list_keys(self) -> list[Key]:
+        raise self._refuse()
+
+    def allocate(self, name: str, count: int | None = None) -> Allocation:
+        raise self._refuse()
+
+    def give_back(self, name: str, unused: Range) -> bool:
+        return False
+
+    def raise_floor(self, name: str, to: int) -> Key:
+        raise self._refuse()
+
+    def close(self) -> None:
+        pass

@@ -59,11 +59,13 @@ class MemoryLeaseStore:
                 lease.ttl,
             )
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         with self._lock:
             slot = self._slots.get((lease.namespace, lease.worker_id))
             if slot is not None and slot.owner == lease.owner:
                 slot.owner, slot.expires = "", 0.0
+                if issued_ms is not None:
+                    slot.horizon_ms = max(lease.floor_ms, issued_ms)
 
     def holders(self, namespace: str) -> list[WorkerInfo]:
         with self._lock:

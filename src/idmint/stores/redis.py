@@ -1,0 +1,276 @@
+"""Worker-id leases on Redis: `redis://[[user]:password@]host[:port][/db][?prefix=STR]`.
+
+Per (namespace, worker id) two keys, both under the URL's prefix (default "idmint"):
+
+    {prefix}:w:{namespace}:{id}   the live lease: the owner string, with a server-side TTL (PX),
+                                  so expiry is judged by Redis's clock and nobody else's
+    {prefix}:h:{namespace}:{id}   a hash with no TTL: `horizon` (outlives leases; only moves
+                                  up, except that `release(issued_ms=)` may bring it down to
+                                  what was really issued), `host` of the last holder, and
+                                  `owner`, the last holder's owner string ("" once released)
+
+Every multi-step operation is one Lua script, so it is atomic on the server. The scripts
+build key names from their arguments (acquire does not know beforehand which id it will
+take), which is fine on a single Redis or a replicated one, but not on Redis Cluster.
+
+Durability is the server's: with `appendonly yes` and `appendfsync always` a recorded horizon
+survives a crash; with weaker settings a crash can lose the last horizon raise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+from urllib.parse import parse_qsl, urlsplit
+
+from .._errors import DriverMissing, InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhausted
+from .base import Lease, WorkerInfo
+
+if TYPE_CHECKING:
+    import redis as redis_py
+
+DEFAULT_PREFIX = "idmint"
+DEFAULT_PORT = 6379
+
+T = TypeVar("T")
+
+# ARGV: prefix, namespace, workers, owner, host, ttl_ms, horizon_ms.
+# Returns {worker id, floor, horizon}, or false when every id is leased. Horizons stay strings:
+# Lua numbers are doubles that redis.call would format with %.14g, so a number is only ever
+# compared, never stored.
+_ACQUIRE = """
+local base = ARGV[1] .. ':'
+local ns = ARGV[2] .. ':'
+local wanted = ARGV[7]
+for id = 0, tonumber(ARGV[3]) - 1 do
+    local lease = base .. 'w:' .. ns .. id
+    if redis.call('EXISTS', lease) == 0 then
+        local hkey = base .. 'h:' .. ns .. id
+        local floor = redis.call('HGET', hkey, 'horizon') or '0'
+        local horizon = wanted
+        if tonumber(floor) > tonumber(wanted) then horizon = floor end
+        redis.call('SET', lease, ARGV[4], 'PX', ARGV[6])
+        redis.call('HSET', hkey, 'horizon', horizon, 'host', ARGV[5], 'owner', ARGV[4])
+        return {id, floor, horizon}
+    end
+end
+return false
+"""
+
+# KEYS: lease, horizon hash. ARGV: owner, ttl_ms, horizon_ms. Returns the horizon, or false
+# when another owner took the id. A lease that expired but that nobody took since (the hash
+# still names us) is taken back: no one else can have issued ids under it in between.
+_RENEW = """
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+elseif current == false and redis.call('HGET', KEYS[2], 'owner') == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+else
+    return false
+end
+local horizon = redis.call('HGET', KEYS[2], 'horizon') or '0'
+if tonumber(ARGV[3]) > tonumber(horizon) then
+    horizon = ARGV[3]
+    redis.call('HSET', KEYS[2], 'horizon', horizon)
+end
+return horizon
+"""
+
+# KEYS: lease, horizon hash. ARGV: owner, the lowered horizon or "". Acts only while the hash
+# still names us (nobody took the id since); clearing its owner stops a later renew of the
+# released lease from taking the id back.
+_RELEASE = """
+local ours = redis.call('HGET', KEYS[2], 'owner') == ARGV[1]
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    ours = true
+end
+if ours then
+    redis.call('HSET', KEYS[2], 'owner', '')
+    if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], 'horizon', ARGV[2]) end
+end
+return 0
+"""
+
+
+def _holder_name() -> str:
+    """Who holds a lease, for `idmint workers list`: host and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _glob_escape(text: str) -> str:
+    """`text` as a literal inside a SCAN MATCH pattern."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+class RedisLeaseStore:
+    """A LeaseStore on one Redis server (or a primary), under one key prefix."""
+
+    def __init__(
+        self,
+        client: redis_py.Redis,
+        prefix: str,
+        display_url: str,
+        errors: tuple[type[Exception], ...],
+    ) -> None:
+        self.display_url = display_url
+        self._client = client
+        self._prefix = prefix
+        self._errors = errors  # redis-py's exceptions, imported lazily with the driver
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    def _keys(self, namespace: str, worker_id: int) -> list[str]:
+        return [
+            f"{self._prefix}:w:{namespace}:{worker_id}",
+            f"{self._prefix}:h:{namespace}:{worker_id}",
+        ]
+
+    def _call(self, op: Callable[[], T]) -> T:
+        try:
+            return op()
+        except self._errors as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise StoreUnavailable(f"store {self.display_url} unavailable: {reason}") from exc
+
+    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+        owner = uuid.uuid4().hex
+        args: list[str | int] = [
+            self._prefix,
+            namespace,
+            workers,
+            owner,
+            _holder_name(),
+            _ms(ttl),
+            horizon_ms,
+        ]
+        got = self._call(lambda: self._acquire(args=args))
+        if not got:
+            raise WorkersExhausted(namespace, workers)
+        worker_id, floor, horizon = (int(v) for v in cast(list[Any], got))
+        return Lease(namespace, worker_id, owner, floor, horizon, ttl)
+
+    def renew(self, lease: Lease, horizon_ms: int) -> Lease:
+        keys = self._keys(lease.namespace, lease.worker_id)
+        args: list[str | int] = [lease.owner, _ms(lease.ttl), horizon_ms]
+        got = self._call(lambda: self._renew(keys=keys, args=args))
+        if got is None:
+            raise LeaseLost(
+                f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
+            )
+        return Lease(
+            lease.namespace, lease.worker_id, lease.owner, lease.floor_ms, int(got), lease.ttl
+        )
+
+    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
+        keys = self._keys(lease.namespace, lease.worker_id)
+        down = "" if issued_ms is None else str(max(lease.floor_ms, issued_ms))
+        self._call(lambda: self._release(keys=keys, args=[lease.owner, down]))
+
+    def holders(self, namespace: str) -> list[WorkerInfo]:
+        head = f"{self._prefix}:h:{namespace}:"
+
+        def body() -> list[WorkerInfo]:
+            ids = sorted(
+                int(rest)
+                for key in self._client.scan_iter(match=_glob_escape(head) + "*", count=1000)
+                # the pattern also matches longer namespaces that start with this one
+                if (rest := cast(str, key)[len(head) :]).isdigit()
+            )
+            pipe = self._client.pipeline(transaction=True)  # one consistent snapshot
+            for worker_id in ids:
+                lease, hkey = self._keys(namespace, worker_id)
+                pipe.get(lease)
+                pipe.pttl(lease)
+                pipe.hmget(hkey, ["horizon", "host"])
+            replies = pipe.execute()
+            rows = []
+            for i, worker_id in enumerate(ids):
+                owner, pttl, (horizon, host) = replies[3 * i : 3 * i + 3]
+                live = owner is not None and int(pttl) >= 0
+                rows.append(
+                    WorkerInfo(
+                        namespace,
+                        worker_id,
+                        str(owner) if live else "",
+                        str(host or ""),
+                        int(pttl) / 1000 if live else None,
+                        int(horizon or 0),
+                    )
+                )
+            return rows
+
+        return self._call(body)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _ms(ttl: float) -> int:
+    return max(1, round(ttl * 1000))
+
+
+def _parse(url: str, display: str) -> dict[str, Any]:
+    """Connection arguments and the key prefix from a redis:// or rediss:// URL."""
+
+    def bad(reason: str) -> InvalidArgument:
+        return InvalidArgument(f"bad store URL {display!r}: {reason}")
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port or DEFAULT_PORT
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    if not parts.hostname:
+        raise bad("it names no host")
+    db = parts.path.strip("/") or "0"
+    if not db.isdigit():
+        raise bad(f"the database must be a number, not {db!r}")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = set(query) - {"prefix"}
+    if unknown:
+        raise bad(f"unknown parameter {sorted(unknown)[0]!r} (only prefix is accepted)")
+    prefix = query.get("prefix", DEFAULT_PREFIX)
+    if not prefix:
+        raise bad("the prefix is empty")
+    return {
+        "host": parts.hostname,
+        "port": port,
+        "db": int(db),
+        "username": parts.username or None,
+        "password": parts.password,
+        "ssl": parts.scheme.lower() == "rediss",
+        "prefix": prefix,
+    }
+
+
+def open_redis_leases(url: str, display: str, *, timeout: float) -> RedisLeaseStore:
+    """A RedisLeaseStore; no I/O happens until the first operation."""
+    args = _parse(url, display)
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        raise DriverMissing(
+            "redis:// stores need the redis driver: pip install 'idmint[redis]'"
+        ) from None
+    prefix = args.pop("prefix")
+    client = redis.Redis(
+        **args,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        decode_responses=True,
+        # One immediate retry on a broken connection (a pooled one the server dropped, say),
+        # none on a timeout: `timeout` bounds each operation.
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+    )
+    # Connection errors and timeouts above all, but also a server that refuses to write
+    # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.
+    return RedisLeaseStore(client, prefix, display, (redis.exceptions.RedisError,))

@@ -1,0 +1,363 @@
+"""Snowflake ids: time | worker | sequence, with a fenced worker lease and a guarded clock.
+
+Safety rests on the lease store, never on clocks agreeing (docs/guarantees.md):
+
+- The worker id is leased (`LeaseStore`). The lease carries a *horizon*: the highest timestamp
+  its holder may issue, recorded in the store before the holder uses it. The holder never
+  issues a tick past its horizon; the next holder of that worker id issues only ticks above it
+  (waiting while its own clock is behind). Two holders of one worker id therefore never share
+  a tick, even if the first is paused past its lease and wakes up.
+- A holder whose renewals fail stops at a local monotonic deadline (ttl minus a margin) with
+  LeaseLost, and takes a lease again when the store answers.
+- The clock: a step back of at most `max_backstep_ms` is waited out; more raises
+  ClockMovedBackwards until the clock is past the last tick issued. A full tick waits for the
+  next one.
+
+Hot path: each tick's ids are one `range` iterator, drawn with `next()` (atomic under the GIL)
+while the wall clock is inside that tick. Only a new tick takes the lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .._errors import (
+    ClockMovedBackwards,
+    Closed,
+    IdmintError,
+    InvalidArgument,
+    LeaseLost,
+    StoreUnavailable,
+)
+from ..ids import check_count, check_key_name
+from ..layout import Decoded, Layout, layout_named
+from ..stores.base import Lease, LeaseStore
+
+log = logging.getLogger("idmint.snowflake")
+
+MAX_BATCH = 1_000_000
+_random = random.Random()
+
+
+@dataclass(frozen=True)
+class SnowflakeOptions:
+    """namespace: the worker ids' namespace in the lease store (one per id space).
+    ttl: seconds a lease lives without renewal; renewed every ttl/3.
+    max_backstep_ms: a clock step back up to this is waited out; more raises.
+    random_start: start each tick's sequence at a random number below 100 (Leaf's option), so
+        `id % n` sharding stays even when only a few ids are issued per tick.
+    max_floor_wait: seconds a new holder waits for its clock to pass the previous holder's
+        horizon before it gives up with ClockMovedBackwards.
+    """
+
+    namespace: str = "default"
+    ttl: float = 10.0
+    max_backstep_ms: float = 5.0
+    random_start: bool = False
+    max_floor_wait: float = 30.0
+
+    def __post_init__(self) -> None:
+        check_key_name(self.namespace)
+        if not 1.0 <= self.ttl <= 3600:
+            raise InvalidArgument(f"ttl must be from 1 to 3600 seconds, not {self.ttl!r}")
+        if self.max_backstep_ms < 0 or self.max_floor_wait < 0:
+            raise InvalidArgument("max_backstep_ms and max_floor_wait must be at least 0")
+
+
+class LeaseKeeper:
+    """Holds a worker lease: renews it on a background thread and answers, without I/O,
+    whether it may issue a given timestamp now."""
+
+    def __init__(
+        self, store: LeaseStore, workers: int, options: SnowflakeOptions, wall_ms: Callable[[], int]
+    ) -> None:
+        self.store, self.workers, self.options = store, workers, options
+        self._wall_ms = wall_ms
+        self._lock = threading.Lock()
+        self._lease: Lease | None = None
+        self._deadline = 0.0  # monotonic: no new tick after this without a renewal
+        self._stop = threading.Event()
+        self._error: IdmintError | None = None
+        self.renewals = 0
+        self.reacquired = 0
+        self._thread = threading.Thread(target=self._run, name="idmint-lease", daemon=True)
+
+    @property
+    def margin(self) -> float:
+        # Local monotonic time and the store's clock may run at slightly different rates.
+        return max(0.5, self.options.ttl * 0.1)
+
+    def start(self) -> Lease:
+        lease = self._acquire()
+        self._thread.start()
+        return lease
+
+    def _acquire(self) -> Lease:
+        sent = time.monotonic()
+        lease = self.store.acquire(
+            self.options.namespace,
+            workers=self.workers,
+            ttl=self.options.ttl,
+            horizon_ms=self._wall_ms() + int(self.options.ttl * 1000),
+        )
+        with self._lock:
+            self._lease, self._deadline, self._error = lease, sent + lease.ttl - self.margin, None
+        return lease
+
+    def extend(self) -> Lease:
+        """Renew now, moving the horizon to now + ttl. Raises LeaseLost or StoreUnavailable."""
+        lease = self.lease()
+        sent = time.monotonic()
+        renewed = self.store.renew(lease, self._wall_ms() + int(self.options.ttl * 1000))
+        with self._lock:
+            if self._lease is not None and self._lease.owner == renewed.owner:
+                self._lease, self._deadline = renewed, sent + renewed.ttl - self.margin
+                self.renewals += 1
+        return renewed
+
+    def lease(self) -> Lease:
+        """The lease, if it is still valid by the local deadline; else LeaseLost."""
+        with self._lock:
+            lease, deadline, error = self._lease, self._deadline, self._error
+        if lease is None or time.monotonic() >= deadline:
+            reason = f": {error}" if error else ""
+            raise LeaseLost(
+                f"no valid worker lease in namespace {self.options.namespace!r}{reason}"
+            )
+        return lease
+
+    def deadline_in(self) -> float:
+        with self._lock:
+            return self._deadline - time.monotonic()
+
+    def _run(self) -> None:
+        every = self.options.ttl / 3
+        while not self._stop.wait(every):
+            try:
+                if self._lease is None:
+                    self._acquire()
+                    self.reacquired += 1
+                    log.warning("worker lease taken again: worker %d", self.lease().worker_id)
+                else:
+                    self.extend()
+            except LeaseLost as exc:
+                # Another process holds our worker id now: never renew it again.
+                log.warning("worker lease lost: %s", exc)
+                with self._lock:
+                    self._lease, self._error = None, exc
+            except IdmintError as exc:
+                log.warning(
+                    "cannot renew the worker lease (deadline in %.1f s): %s",
+                    self.deadline_in(),
+                    exc,
+                )
+                with self._lock:
+                    self._error = exc
+                    if self._lease is not None and time.monotonic() >= self._deadline:
+                        self._lease = None  # lapsed: take a fresh one when the store answers
+
+    def close(self, issued_ms: int | None) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        with self._lock:
+            lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                self.store.release(lease, issued_ms)
+            except IdmintError as exc:
+                log.warning(
+                    "could not release worker %d (it expires in %.0f s): %s",
+                    lease.worker_id,
+                    lease.ttl,
+                    exc,
+                )
+
+
+class SnowflakeGenerator:
+    """Time-sorted 63-bit (or fewer) ids from a leased worker id. Thread-safe.
+
+    flakes = SnowflakeGenerator(lease_store, "twitter")
+    flakes.next_id()            # 1861905812123455488
+    flakes.decode(1861905812123455488).time
+    flakes.close()              # releases the worker id
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        layout: str | Layout = "twitter",
+        options: SnowflakeOptions | None = None,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.layout = layout_named(layout)
+        self.options = options or SnowflakeOptions()
+        self._clock_ns = clock_ns
+        self._tick_ns = self.layout.tick_ms * 1_000_000
+        self._epoch_ns = self.layout.epoch_ms * 1_000_000
+        now_ms = clock_ns() // 1_000_000
+        if now_ms > self.layout.end_ms:
+            raise InvalidArgument(
+                f"layout {self.layout.name!r} ran out of time on {self.layout.end:%Y-%m-%d}"
+            )
+        if now_ms < self.layout.epoch_ms:
+            raise InvalidArgument(f"the clock is before layout {self.layout.name!r}'s epoch")
+        self._lock = threading.Lock()
+        self._closed = False
+        self._last_tick = -1
+        self._issued_ms: int | None = None
+        self._rollbacks = 0
+        self._keeper = LeaseKeeper(store, self.layout.workers, self.options, self._wall_ms)
+        self.worker_id = self._keeper.start().worker_id
+        self._cur: tuple[int, int, Iterator[int]] = (0, 0, iter(()))  # start_ns, end_ns, ids
+        self.instance = uuid.uuid4().hex[:8]
+        years = self.layout.runway_years(now_ms)
+        log.info(
+            "snowflake %s: worker %d, %.1f years of time bits left",
+            self.layout.name,
+            self.worker_id,
+            years,
+        )
+
+    def _wall_ms(self) -> int:
+        return self._clock_ns() // 1_000_000
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    def next_id(self) -> int:
+        """The next id. Raises LeaseLost, ClockMovedBackwards, StoreUnavailable or Closed."""
+        start, end, ids = self._cur
+        if start <= self._clock_ns() < end:
+            i = next(ids, None)
+            if i is not None:
+                return i
+        return self._next_slow()
+
+    def next_ids(self, count: int) -> list[int]:
+        """`count` ids (1 to 1,000,000), increasing; waits for new ticks as it must."""
+        check_count(count, maximum=MAX_BATCH)
+        out: list[int] = []
+        while len(out) < count:
+            start, end, ids = self._cur
+            if start <= self._clock_ns() < end:
+                out += itertools.islice(ids, count - len(out))
+                if len(out) == count:
+                    break
+            out.append(self._next_slow())
+        return out
+
+    def _next_slow(self) -> int:
+        with self._lock:
+            while True:
+                if self._closed:
+                    raise Closed("the snowflake generator is closed")
+                start, end, ids = self._cur
+                now = self._clock_ns()
+                if start <= now < end:
+                    i = next(ids, None)
+                    if i is not None:
+                        return i
+                    self._sleep_ns(end - now)  # the tick is full: wait for the next one
+                    continue
+                self._begin_tick(now)
+
+    def _begin_tick(self, now_ns: int) -> None:
+        """Make the current tick's ids available, after every check that guards them."""
+        tick = (now_ns - self._epoch_ns) // self._tick_ns
+        if tick <= self._last_tick:
+            behind_ms = ((self._last_tick + 1) * self._tick_ns + self._epoch_ns - now_ns) / 1e6
+            if (
+                tick < self._last_tick
+                and behind_ms > self.options.max_backstep_ms + self.layout.tick_ms
+            ):
+                self._rollbacks += 1
+                raise ClockMovedBackwards(behind_ms)
+            self._sleep_ns(int(behind_ms * 1e6))  # a small step back, or the same tick again
+            return
+        if tick > self.layout.max_ticks:
+            raise InvalidArgument(f"layout {self.layout.name!r} ran out of time bits")
+        lease = self._keeper.lease()
+        first_ms = self.layout.tick_start_ms(tick)
+        last_ms = first_ms + self.layout.tick_ms - 1
+        if first_ms <= lease.floor_ms:
+            # A previous holder of this worker id may have issued up to floor_ms.
+            wait_ms = lease.floor_ms + 1 - first_ms
+            if wait_ms > self.options.max_floor_wait * 1000:
+                raise ClockMovedBackwards(wait_ms)
+            self._sleep_ns(wait_ms * 1_000_000)
+            return
+        if last_ms > lease.horizon_ms:
+            # Past what the store has recorded (a clock jump forward, or a late renewal):
+            # move the horizon before issuing.
+            try:
+                lease = self._keeper.extend()
+            except StoreUnavailable as exc:
+                raise StoreUnavailable(f"cannot extend the worker lease's horizon: {exc}") from exc
+            if last_ms > lease.horizon_ms:
+                raise LeaseLost("the store did not record a horizon past the current time")
+        size = self.layout.sequences
+        first_seq = _random.randrange(min(100, size)) if self.options.random_start else 0
+        if self.layout.worker_low:
+            step = 1 << self.layout.worker_bits
+            base = self.layout.compose(tick, lease.worker_id, 0)
+            ids = iter(range(base + first_seq * step, base + size * step, step))
+        else:
+            base = self.layout.base(tick, lease.worker_id)
+            ids = iter(range(base + first_seq, base + size))
+        tick_start = self._epoch_ns + tick * self._tick_ns
+        self._last_tick = tick
+        self._issued_ms = last_ms
+        self._cur = (tick_start, tick_start + self._tick_ns, ids)
+
+    def _sleep_ns(self, ns: int) -> None:
+        # Event.wait, not time.sleep: under libfaketime with a faked monotonic clock,
+        # time.sleep can misbehave; a bounded wait on an event does not.
+        threading.Event().wait(max(ns, 50_000) / 1e9)
+
+    # -- the rest ----------------------------------------------------------------------------
+
+    def decode(self, id_: int) -> Decoded:
+        return self.layout.decode(id_)
+
+    def stats(self) -> dict[str, object]:
+        try:
+            lease: Lease | None = self._keeper.lease()
+        except LeaseLost:
+            lease = None
+        return {
+            "layout": self.layout.name,
+            "worker_id": self.worker_id if lease is None else lease.worker_id,
+            "lease_deadline_s": self._keeper.deadline_in(),
+            "horizon_ms": lease.horizon_ms if lease else None,
+            "clock_offset_ms": (lease.horizon_ms - self.options.ttl * 1000 - self._wall_ms())
+            if lease
+            else None,
+            "rollbacks": self._rollbacks,
+            "renewals": self._keeper.renewals,
+            "runway_years": self.layout.runway_years(self._wall_ms()),
+        }
+
+    def close(self) -> None:
+        """Stop issuing and release the worker id (its horizon comes down to the last tick
+        issued, so the next holder need not wait)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cur = (0, 0, iter(()))
+            issued = self._issued_ms
+        self._keeper.close(issued)
+
+    def __enter__(self) -> SnowflakeGenerator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
