@@ -120,3 +120,12 @@ def test_concurrent_acquires_get_distinct_ids(store: LeaseStore) -> None:
 
     run_threads(grab, 6)
     assert sorted(got) == list(range(18))
+
+
+def test_release_with_the_last_issued_timestamp_lowers_the_horizon(store: LeaseStore) -> None:
+    first = store.renew(take(store, ns="down", workers=1, horizon=NOW), NOW + 30_000)
+    store.release(first, issued_ms=NOW + 12)  # it issued nothing past NOW + 12
+    second = take(store, ns="down", workers=1, horizon=NOW + 20)
+    assert (second.floor_ms, second.horizon_ms) == (NOW + 12, NOW + 20)
+    store.release(second, issued_ms=0)  # issued nothing: the floor stands
+    assert take(store, ns="down", workers=1, horizon=0).floor_ms == NOW + 12
