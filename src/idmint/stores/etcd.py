@@ -28,7 +28,8 @@ from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhau
 from ._sql_leases import holder_name
 from .base import Lease, WorkerInfo
 
-ATTEMPTS = 10  # optimistic transactions lost to concurrent writers before giving up
+ATTEMPTS = 100  # optimistic transactions lost in a row to concurrent writers: each lost one
+# means another writer won, so this bounds only pathological contention
 
 Json = dict[str, Any]
 
@@ -96,14 +97,14 @@ class EtcdLeaseStore:
 
     def _call(self, path: str, body: Json) -> Json:
         """POST to the first endpoint that can be connected to; an etcd error is raised."""
-        problem = ""
+        problems: list[str] = []
         with self._lock:
             endpoints = list(self._endpoints)
         for endpoint in endpoints:
             try:
                 r = self._client.post(f"http://{endpoint}/v3/{path}", json=body)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                problem = f"{endpoint}: {exc}"
+                problems.append(f"{endpoint}: {exc}")
                 continue
             except httpx.HTTPError as exc:  # the request may have been applied: no failover
                 raise self._unavailable(f"{endpoint}: {type(exc).__name__} {exc}") from None
@@ -124,15 +125,18 @@ class EtcdLeaseStore:
                 raise _EtcdError(str(message or answer.get("message") or r.status_code))
             result: Json = answer.get("result", answer)
             return result
-        raise self._unavailable(problem)
+        raise self._unavailable("; ".join(problems))
 
     def _unavailable(self, why: str) -> StoreUnavailable:
         why = " ".join(why.split())
         return StoreUnavailable(f"store {self.display_url} unavailable: {why}")
 
-    def _txn(self, compare: list[Json], success: list[Json]) -> Json:
+    def _txn(
+        self, compare: list[Json], success: list[Json], failure: list[Json] | None = None
+    ) -> Json:
+        body = {"compare": compare, "success": success, "failure": failure or []}
         try:
-            return self._call("kv/txn", {"compare": compare, "success": success})
+            return self._call("kv/txn", body)
         except _EtcdError as exc:
             raise self._unavailable(str(exc)) from None
 
@@ -151,12 +155,14 @@ class EtcdLeaseStore:
         ns = quote(namespace, safe="")
         return f"{self._prefix}/w/{ns}/", f"{self._prefix}/h/{ns}/"
 
-    def _scan(self, namespace: str) -> tuple[dict[int, Json], dict[int, Json]]:
-        """The namespace's lease keys and horizon keys by worker id, read at one revision."""
-        leases, horizons = self._keys(namespace)
-        answer = self._txn([], [_range(leases), _range(horizons)])
+    def _scan(self, namespace: str) -> list[Json]:
+        """Txn ops reading the namespace's lease keys and horizon keys."""
+        return [_range(prefix) for prefix in self._keys(namespace)]
+
+    def _scanned(self, namespace: str, answer: Json) -> tuple[dict[int, Json], dict[int, Json]]:
+        """The lease keys and horizon keys by worker id, from a txn answer to `_scan`."""
         found: list[dict[int, Json]] = []
-        for prefix, response in zip((leases, horizons), answer["responses"], strict=True):
+        for prefix, response in zip(self._keys(namespace), answer["responses"], strict=True):
             found.append({int(_unb64(kv["key"])[len(prefix) :]): kv for kv in _kvs(response)})
         return found[0], found[1]
 
@@ -166,9 +172,10 @@ class EtcdLeaseStore:
         owner, host = uuid.uuid4().hex, holder_name()
         lease_keys, horizon_keys = self._keys(namespace)
         lease_id = ""
+        answer = self._txn([], self._scan(namespace))
         try:
             for _ in range(ATTEMPTS):
-                held, horizons = self._scan(namespace)
+                held, horizons = self._scanned(namespace, answer)
                 free = next((w for w in range(workers) if w not in held), None)
                 if free is None:
                     raise WorkersExhausted(namespace, workers)
@@ -181,6 +188,7 @@ class EtcdLeaseStore:
                 answer = self._txn(
                     [_unchanged(lease_key, "0"), _unchanged(horizon_key, mod)],
                     [_put(lease_key, owner, lease_id), _put(horizon_key, f"{horizon} {host}")],
+                    self._scan(namespace),  # lost the race: read again in the same round trip
                 )
                 if answer.get("succeeded"):
                     with self._lock:
@@ -197,11 +205,7 @@ class EtcdLeaseStore:
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         lost = LeaseLost(f"worker {lease.worker_id} of namespace {lease.namespace!r} is lost")
-        lease_keys, horizon_keys = self._keys(lease.namespace)
-        lease_key, horizon_key = (
-            f"{lease_keys}{lease.worker_id}",
-            f"{horizon_keys}{lease.worker_id}",
-        )
+        lease_key, horizon_key = (f"{k}{lease.worker_id}" for k in self._keys(lease.namespace))
         with self._lock:
             lease_id = self._leases.get(lease.owner)
         if lease_id is None:
@@ -230,22 +234,24 @@ class EtcdLeaseStore:
             lease.namespace, lease.worker_id, lease.owner, lease.floor_ms, horizon, lease.ttl
         )
 
-    def release(self, lease: Lease) -> None:
-        lease_keys, _ = self._keys(lease.namespace)
+    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
+        lease_keys, horizon_keys = self._keys(lease.namespace)
         lease_key = f"{lease_keys}{lease.worker_id}"
         with self._lock:
             self._leases.pop(lease.owner, None)
-        answer = self._txn(
-            [_holds(lease_key, lease.owner)],
-            [{"request_delete_range": {"key": _b64(lease_key), "prev_kv": True}}],
-        )
+        free = [{"request_delete_range": {"key": _b64(lease_key), "prev_kv": True}}]
+        if issued_ms is not None:  # nobody else writes the horizon while we hold the id
+            down = max(lease.floor_ms, issued_ms)
+            free.append(_put(f"{horizon_keys}{lease.worker_id}", f"{down} {holder_name()}"))
+        answer = self._txn([_holds(lease_key, lease.owner)], free)
         if answer.get("succeeded"):
             for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
-                if kv.get("lease"):
-                    self._lease_call("revoke", str(kv["lease"]))
+                # the id is free already; an unrevoked etcd lease just runs out
+                with contextlib.suppress(StoreUnavailable):
+                    self._lease_call("revoke", str(kv.get("lease", "0")))
 
     def holders(self, namespace: str) -> list[WorkerInfo]:
-        held, horizons = self._scan(namespace)
+        held, horizons = self._scanned(namespace, self._txn([], self._scan(namespace)))
         rows = []
         for worker_id in sorted(held.keys() | horizons.keys()):
             horizon, host, _ = _horizon(horizons.get(worker_id))
@@ -272,10 +278,12 @@ def open_etcd_leases(url: str, display: str, *, timeout: float) -> EtcdLeaseStor
     hosts, _, path = rest.partition("/")
     endpoints = [h.strip() for h in hosts.split(",") if h.strip()]
     prefix = path.strip("/") or "idmint"
+    if "@" in hosts:
+        raise InvalidArgument(f"bad store URL {display!r}: etcd:// URLs take no user or password")
     for endpoint in endpoints:
         try:
             parts = urlsplit(f"//{endpoint}")
-            ok = bool(parts.hostname) and parts.port is not None and "@" not in endpoint
+            ok = bool(parts.hostname) and parts.port is not None
         except ValueError:
             ok = False
         if not ok:
