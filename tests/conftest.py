@@ -19,6 +19,7 @@ from servers import MariaDBServer, PostgresServer
 STORES = ("memory", "sqlite", "postgres", "mariadb")
 SHARED_STORES = ("sqlite", "postgres", "mariadb")  # those other processes can reach
 LEASE_STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
+SHARED_LEASE_STORES = LEASE_STORES[1:]  # all but memory: those other processes can reach
 KV_SERVERS = {"redis": "RedisServer", "etcd": "EtcdServer", "zookeeper": "ZooKeeperServer"}
 
 _db_numbers = itertools.count(1)
@@ -65,6 +66,12 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture(params=LEASE_STORES)
 def lease_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty lease store of every kind, in turn."""
+    return fresh_store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=SHARED_LEASE_STORES)
+def shared_lease_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty lease store of every kind several processes can share, in turn."""
     return fresh_store_url(request.param, request, tmp_path)
 
 
