@@ -163,3 +163,36 @@ def test_store_after_the_command(capsys: pytest.CaptureFixture[str], url: str) -
         capsys, "--store", "sqlite:////no/such/dir.db", "next", "late", "--store", url
     )
     assert code == 0, err
+
+
+def test_snowflake_decode_and_workers(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    code, out, err = run(capsys, "snowflake", "-n", "5", "--store", url)
+    assert code == 0, err
+    ids = [int(x) for x in out.split()]
+    assert len(ids) == 5 and ids == sorted(ids)
+    code, out, _ = run(capsys, "decode", str(ids[0]), "--json")
+    decoded = json.loads(out)
+    assert decoded["worker"] == 0 and decoded["sequence"] == 0
+    code, out, _ = run(capsys, "decode", "1861905812123455488")
+    assert "worker 425" in out and "2024-11-27" in out
+    code, out, _ = run(capsys, "workers", "list", "--store", url)
+    assert code == 0 and out.splitlines()[1].split()[:3] == ["0", "-", "free"]
+    for bad, message in (
+        (["decode", "x1"], "not an id"),
+        (["snowflake", "-n", "0"], "count"),
+        (["snowflake", "--layout", "nope"], "unknown layout"),
+        (["snowflake", "--worker-id", "3"], "state file"),
+    ):
+        code, out, err = (
+            run(capsys, *bad, "--store", url) if bad[0] != "decode" else run(capsys, *bad)
+        )
+        assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_static_worker_from_the_cli(
+    capsys: pytest.CaptureFixture[str], url: str, tmp_path: Path
+) -> None:
+    state = str(tmp_path / "w9.json")
+    code, _, err = run(capsys, "snowflake", "--worker-id", "9", "--state", state, "--store", url)
+    assert code == 0, err
+    assert json.loads(Path(state).read_text())["worker_id"] == 9
