@@ -1,0 +1,431 @@
+"""Worker-id leases on ZooKeeper: `zk://host:port[,host:port...]/chroot` (chroot: /idmint).
+
+Worker ids as Leaf does them with ZooKeeper, but fenced. Under the chroot:
+
+- `w/{namespace}/{worker_id}`, the lease: an EPHEMERAL node holding the owner and host. It lives
+  exactly as long as the ZooKeeper session that created it.
+- `h/{namespace}/{worker_id}`, the horizon: a PERSISTENT node "horizon_ms owner". It outlives
+  leases, only moves up (compare-and-set on its version), and names the holder that last moved
+  it: a holder whose id has been taken over can never raise it again, and a new holder reads
+  its floor after its lease node exists, so after the old session ended.
+
+ZooKeeper sessions belong to clients, while every lease has its own ttl. So every lease gets its
+own KazooClient, whose session timeout is the lease's ttl as the server negotiates it (clamped
+to [2, 20] tickTimes unless the server says otherwise). kazoo's heartbeats keep that session
+alive while the process lives and reaches ZooKeeper; a process that dies or is cut off loses
+its leases when their sessions expire. A live process that stops renewing loses them too, as in
+the other stores: a timer closes a lease's session when `renew` has not been called for ttl
+seconds, which deletes the lease node at once. A lease whose session ended is lost for good:
+renew raises LeaseLost even if nobody has taken the id since. `close` stops only the store's
+shared client; open leases keep their sessions until released or until their ttl runs out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import DriverMissing, InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhausted
+from ..ids import check_key_name
+from ._sql_leases import holder_name
+from .base import Lease, WorkerInfo
+
+DEFAULT_CHROOT = "/idmint"
+SHARED_SESSION_TIMEOUT = 10.0  # seconds; the shared client holds no ephemeral nodes
+
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?")
+_PATH_PART = re.compile(r"[A-Za-z0-9_:.-]+")
+
+
+@dataclass(frozen=True)
+class _Kazoo:
+    """The parts of kazoo used here (kazoo is imported only when a zk:// store is opened)."""
+
+    client: Any  # kazoo.client.KazooClient
+    no_node: type[Exception]
+    node_exists: type[Exception]
+    bad_version: type[Exception]
+    session_gone: type[Exception]  # SessionExpiredError, also ConnectionClosedError
+    error: type[Exception]  # KazooException
+
+
+class _SessionGone(StoreUnavailable):
+    """The session expired or its client was stopped: its ephemeral nodes are gone."""
+
+
+class _SessionLog(logging.LoggerAdapter[logging.Logger]):
+    """kazoo logs the session timeout the server negotiated, and keeps it nowhere else."""
+
+    negotiated_ms: int | None = None
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if isinstance(msg, str) and msg.startswith("Session created") and len(args) >= 3:
+            self.negotiated_ms = int(str(args[2]))
+        super().log(level, msg, *args, **kwargs)
+
+
+class _Session:
+    """One KazooClient, hence one ZooKeeper session; every call bounded by `timeout`."""
+
+    def __init__(
+        self, kz: _Kazoo, hosts: str, display: str, session_timeout: float, timeout: float
+    ) -> None:
+        self._kz, self._display, self._timeout = kz, display, timeout
+        self._log = _SessionLog(logging.getLogger("kazoo.client"))
+        self._client = kz.client(hosts=hosts, timeout=session_timeout, logger=self._log)
+        self.session_timeout = session_timeout
+        self.session_id = 0
+
+    def _unavailable(self, what: object) -> StoreUnavailable:
+        return StoreUnavailable(f"store {self._display} unavailable: {what}")
+
+    def start(self) -> None:
+        try:
+            self._client.start(timeout=self._timeout)
+        except Exception as exc:
+            raise self._unavailable(
+                f"no connection within {self._timeout:g} s ({type(exc).__name__})"
+            ) from exc
+        self.session_id = int(self._client.client_id[0])
+        if self._log.negotiated_ms is not None:
+            self.session_timeout = self._log.negotiated_ms / 1000
+
+    def state(self) -> str:
+        """CONNECTED, SUSPENDED (connection lost, session maybe alive) or LOST (session gone).
+
+        kazoo opens a new session after one expired: then this one counts as LOST."""
+        client_id = self._client.client_id
+        if client_id is not None and int(client_id[0]) != self.session_id:
+            return "LOST"
+        return str(self._client.state)
+
+    def _wait(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        kz = self._kz
+        try:
+            return call(*args, **kwargs).get(timeout=self._timeout)
+        except (kz.no_node, kz.node_exists, kz.bad_version):
+            raise
+        except kz.session_gone as exc:
+            raise _SessionGone(f"store {self._display} unavailable: session ended") from exc
+        except kz.error as exc:
+            raise self._unavailable(type(exc).__name__) from exc
+        except self._client.handler.timeout_exception as exc:
+            raise self._unavailable(f"no answer within {self._timeout:g} s") from exc
+
+    def get(self, path: str) -> tuple[bytes, int]:
+        """The node's data and version. Raises NoNodeError."""
+        data, stat = self._wait(self._client.get_async, path)
+        return bytes(data), int(stat.version)
+
+    def children(self, path: str) -> list[str]:
+        """The node's children's names; none if it does not exist."""
+        try:
+            return [str(c) for c in self._wait(self._client.get_children_async, path)]
+        except self._kz.no_node:
+            return []
+
+    def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
+        """Create the node and its missing parents. Raises NodeExistsError."""
+        self._wait(self._client.create_async, path, data, ephemeral=ephemeral, makepath=True)
+
+    def set(self, path: str, data: bytes, version: int) -> None:
+        """Compare-and-set. Raises BadVersionError, NoNodeError."""
+        self._wait(self._client.set_async, path, data, version=version)
+
+    def delete(self, path: str) -> None:
+        self._wait(self._client.delete_async, path)
+
+    def stop(self) -> None:
+        """Close the session (deleting its ephemeral nodes) and free the client."""
+        try:
+            self._client.stop()
+            self._client.close()
+        except Exception:  # a client that cannot close cleanly leaves its session to expire
+            logging.getLogger(__name__).debug("closing a ZooKeeper client failed", exc_info=True)
+
+
+@dataclass
+class _Held:
+    """A lease this store acquired: its session and the timer that ends it unless renewed."""
+
+    session: _Session
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    timer: threading.Timer | None = None
+    generation: int = 0
+
+
+def _horizon_data(horizon_ms: int, owner: str) -> bytes:
+    return f"{horizon_ms} {owner}".encode()
+
+
+def _parse_horizon(data: bytes) -> tuple[int, str]:
+    horizon, _, owner = data.decode().partition(" ")
+    return int(horizon), owner
+
+
+class ZooKeeperLeaseStore:
+    """A LeaseStore on ZooKeeper: one session per lease, one shared session for reading."""
+
+    def __init__(
+        self, kz: _Kazoo, hosts: str, chroot: str, display_url: str, timeout: float
+    ) -> None:
+        self.display_url = display_url
+        self._kz, self._hosts, self._root, self._timeout = kz, hosts, chroot, timeout
+        self._shared_session: _Session | None = None
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()  # guards _held
+        self._connect_lock = threading.Lock()
+
+    def _session(self, session_timeout: float) -> _Session:
+        session = _Session(self._kz, self._hosts, self.display_url, session_timeout, self._timeout)
+        session.start()
+        return session
+
+    def _shared(self) -> _Session:
+        # kazoo reconnects by itself, to a new session if the old one expired: fine for reads
+        with self._connect_lock:
+            if self._shared_session is None:
+                self._shared_session = self._session(SHARED_SESSION_TIMEOUT)
+            return self._shared_session
+
+    def _paths(self, namespace: str, worker_id: int | None = None) -> tuple[str, str]:
+        check_key_name(namespace)  # so it is one safe path component
+        tail = "" if worker_id is None else f"/{worker_id}"
+        return f"{self._root}/w/{namespace}{tail}", f"{self._root}/h/{namespace}{tail}"
+
+    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+        leases, _ = self._paths(namespace)
+        owner = uuid.uuid4().hex
+        session: _Session | None = None
+        try:
+            while True:
+                taken = set(self._shared().children(leases))
+                free = [i for i in range(workers) if str(i) not in taken]
+                if not free:
+                    raise WorkersExhausted(namespace, workers)
+                if session is None:
+                    session = self._session(ttl)
+                node = {"owner": owner, "host": holder_name(), "session": session.session_timeout}
+                for worker_id in free:
+                    try:
+                        session.create(
+                            f"{leases}/{worker_id}", json.dumps(node).encode(), ephemeral=True
+                        )
+                    except self._kz.node_exists:
+                        continue
+                    _, horizon_path = self._paths(namespace, worker_id)
+                    floor, horizon = self._move_horizon(
+                        session, horizon_path, owner, horizon_ms, take=True
+                    )
+                    held = _Held(session)
+                    with self._lock:
+                        self._held[owner] = held
+                    with held.lock:
+                        self._arm(owner, held, ttl)
+                    return Lease(namespace, worker_id, owner, floor, horizon, ttl)
+                # every id listed as free was taken meanwhile: list again
+        except BaseException:
+            if session is not None:
+                session.stop()
+            raise
+
+    def _move_horizon(
+        self, session: _Session, path: str, owner: str, horizon_ms: int, *, take: bool
+    ) -> tuple[int, int]:
+        """(stored horizon, new horizon) after raising it to horizon_ms by compare-and-set.
+
+        `take`: make `owner` the horizon's holder; else raise LeaseLost if it is not."""
+        kz = self._kz
+        while True:
+            try:
+                data, version = session.get(path)
+            except kz.no_node:
+                if not take:
+                    raise LeaseLost(f"{path} is gone") from None
+                try:
+                    session.create(path, _horizon_data(horizon_ms, owner))
+                    return 0, horizon_ms
+                except kz.node_exists:
+                    continue
+            stored, holder = _parse_horizon(data)
+            if not take and holder != owner:
+                raise LeaseLost(f"{path} has another holder")
+            new = max(stored, horizon_ms)
+            if new == stored and holder == owner:
+                return stored, stored
+            try:
+                session.set(path, _horizon_data(new, owner), version)
+                return stored, new
+            except kz.bad_version:
+                continue
+
+    def _lower_horizon(self, session: _Session, path: str, owner: str, to: int) -> None:
+        """Set the horizon to `to` if `owner` still holds it (the one time it moves down)."""
+        while True:
+            try:
+                data, version = session.get(path)
+            except self._kz.no_node:
+                return
+            stored, holder = _parse_horizon(data)
+            if holder != owner or stored == to:
+                return
+            try:
+                session.set(path, _horizon_data(to, owner), version)
+                return
+            except self._kz.bad_version:
+                continue
+
+    def _arm(self, owner: str, held: _Held, ttl: float) -> None:
+        """(Re)start the timer that ends the lease ttl seconds from now. Hold held.lock."""
+        if held.timer is not None:
+            held.timer.cancel()
+        held.generation += 1
+        held.timer = threading.Timer(ttl, self._lapse, (owner, held, held.generation))
+        held.timer.daemon = True
+        held.timer.start()
+
+    def _lapse(self, owner: str, held: _Held, generation: int) -> None:
+        with held.lock:
+            if held.generation != generation:  # renewed while this timer was starting
+                return
+            held.generation += 1
+            self._forget(owner)
+            held.session.stop()
+
+    def _forget(self, owner: str) -> _Held | None:
+        with self._lock:
+            return self._held.pop(owner, None)
+
+    def renew(self, lease: Lease, horizon_ms: int) -> Lease:
+        lost = LeaseLost(
+            f"worker {lease.worker_id} of namespace {lease.namespace!r} is no longer held: "
+            "its lease lapsed or another owner holds it now"
+        )
+        with self._lock:
+            held = self._held.get(lease.owner)
+        if held is None:
+            raise lost
+        lease_path, horizon_path = self._paths(lease.namespace, lease.worker_id)
+        with held.lock:
+            session = held.session
+            try:
+                state = session.state()
+                if state == "SUSPENDED":
+                    raise StoreUnavailable(
+                        f"store {self.display_url} unavailable: connection lost, reconnecting"
+                    )
+                if state != "CONNECTED":
+                    raise lost
+                try:
+                    data, _ = session.get(lease_path)
+                except self._kz.no_node:
+                    raise lost from None
+                if json.loads(data).get("owner") != lease.owner:
+                    raise lost
+                _, horizon = self._move_horizon(
+                    session, horizon_path, lease.owner, horizon_ms, take=False
+                )
+            except (LeaseLost, _SessionGone) as exc:
+                held.generation += 1
+                if held.timer is not None:
+                    held.timer.cancel()
+                self._forget(lease.owner)
+                session.stop()
+                raise lost from exc
+            self._arm(lease.owner, held, lease.ttl)
+        return Lease(
+            lease.namespace, lease.worker_id, lease.owner, lease.floor_ms, horizon, lease.ttl
+        )
+
+    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
+        held = self._forget(lease.owner)
+        if held is None:
+            return  # lapsed, released already, or never ours
+        lease_path, horizon_path = self._paths(lease.namespace, lease.worker_id)
+        with held.lock:
+            held.generation += 1
+            if held.timer is not None:
+                held.timer.cancel()
+            try:
+                data, _ = held.session.get(lease_path)
+                if json.loads(data).get("owner") == lease.owner:
+                    if issued_ms is not None:  # while the lease node still fences the id
+                        down = max(lease.floor_ms, issued_ms)
+                        self._lower_horizon(held.session, horizon_path, lease.owner, down)
+                    held.session.delete(lease_path)
+            except (self._kz.no_node, _SessionGone):
+                pass
+            finally:
+                held.session.stop()  # ends the session, so the node goes even if delete failed
+
+    def holders(self, namespace: str) -> list[WorkerInfo]:
+        leases, horizons = self._paths(namespace)
+        shared = self._shared()
+        rows = []
+        for name in sorted((c for c in shared.children(horizons) if c.isdigit()), key=int):
+            try:
+                horizon, _ = _parse_horizon(shared.get(f"{horizons}/{name}")[0])
+            except self._kz.no_node:
+                continue
+            try:
+                node = json.loads(shared.get(f"{leases}/{name}")[0])
+            except self._kz.no_node:
+                rows.append(WorkerInfo(namespace, int(name), "", "", None, horizon))
+                continue
+            # ZooKeeper has no per-node TTL: a lease node lives as long as its session, which
+            # ends at most one session timeout after its holder stops heart-beating.
+            expires_in = float(node.get("session", 0.0))
+            owner, host = str(node.get("owner", "")), str(node.get("host", ""))
+            rows.append(WorkerInfo(namespace, int(name), owner, host, expires_in, horizon))
+        return rows
+
+    def close(self) -> None:
+        with self._connect_lock:
+            shared, self._shared_session = self._shared_session, None
+        if shared is not None:
+            shared.stop()
+
+
+def _parse_url(url: str, display: str) -> tuple[str, str]:
+    """(kazoo hosts string, chroot) of a zk:// URL."""
+    bad = InvalidArgument(
+        f"bad store URL {display!r}: expected zk://host:port[,host:port...][/chroot]"
+    )
+    rest = url.split("://", 1)[1]
+    hosts, _, path = rest.partition("/")
+    if not hosts or any(c in rest for c in "?#@"):
+        raise bad
+    for host in hosts.split(","):
+        match = _HOST.fullmatch(host)
+        if not match or (match.group(2) and not 0 < int(match.group(2)[1:]) < 65536):
+            raise bad
+    path = path.rstrip("/")
+    parts = path.split("/") if path else []
+    if any(not _PATH_PART.fullmatch(p) or p in (".", "..") for p in parts):
+        raise bad
+    return hosts, ("/" + path) if path else DEFAULT_CHROOT
+
+
+def open_zookeeper_leases(url: str, display: str, *, timeout: float) -> ZooKeeperLeaseStore:
+    """A lease store on the ZooKeeper ensemble a zk:// URL names. Connects on first use."""
+    try:
+        from kazoo import exceptions
+        from kazoo.client import KazooClient
+    except ImportError:
+        raise DriverMissing("zk:// stores need kazoo: pip install 'idmint[zookeeper]'") from None
+    hosts, chroot = _parse_url(url, display)
+    kz = _Kazoo(
+        client=KazooClient,
+        no_node=exceptions.NoNodeError,
+        node_exists=exceptions.NodeExistsError,
+        bad_version=exceptions.BadVersionError,
+        session_gone=exceptions.SessionExpiredError,
+        error=exceptions.KazooException,
+    )
+    return ZooKeeperLeaseStore(kz, hosts, chroot, display, timeout)
