@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("namespace")
     parser.add_argument("ttl", type=float)
     parser.add_argument("--hold", type=float, default=2.0, help="seconds to hold a lease")
+    parser.add_argument("--exact", action="store_true", help="hold exactly --hold seconds")
     args = parser.parse_args()
     options = SnowflakeOptions(namespace=args.namespace, ttl=args.ttl)
     with idmint.connect(args.url) as minter:
@@ -45,7 +46,7 @@ def main() -> None:
                 time.sleep(0.1)
                 continue
             say(f"L {gen.worker_id} {time.time():.6f}")
-            until = time.monotonic() + random.uniform(0.2, args.hold)
+            until = time.monotonic() + (args.hold if args.exact else random.uniform(0.2, args.hold))
             while time.monotonic() < until:
                 try:
                     say("I " + " ".join(map(str, gen.next_ids(20))))

@@ -23,12 +23,15 @@ WORKER = str(Path(__file__).with_name("flake_worker.py"))
 SOAK_SECONDS = float(os.environ.get("IDMINT_SOAK_SECONDS", "60"))
 
 
-def start(url: str, namespace: str, ttl: float, hold: float = 2.0) -> subprocess.Popen[bytes]:
+def start(
+    url: str, namespace: str, ttl: float, hold: float = 2.0, *, exact: bool = False
+) -> subprocess.Popen[bytes]:
     # Output to a file, not a pipe: a pipe nobody reads fills up and stalls the worker.
     fd, name = tempfile.mkstemp(prefix="idmint-flake-", suffix=".out")
     with os.fdopen(fd, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, WORKER, url, namespace, str(ttl), "--hold", str(hold)],
+            [sys.executable, WORKER, url, namespace, str(ttl), "--hold", str(hold)]
+            + (["--exact"] if exact else []),
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -125,7 +128,7 @@ def test_a_paused_holder_issues_nothing_under_its_old_lease(
 
     url = fresh_store_url(kind, request, tmp_path)
     ttl = 2.0
-    first = start(url, "pause", ttl, hold=60)
+    first = start(url, "pause", ttl, hold=60, exact=True)  # holds its lease throughout
     time.sleep(1.5)  # it holds worker 0 and issues
     first.send_signal(signal.SIGSTOP)
     stopped_at = time.time()
