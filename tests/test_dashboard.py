@@ -1,17 +1,28 @@
-"""The dashboard in real headless Chromium: it loads offline and shows the keys and their ranges.
+"""The dashboard in real headless Chromium: it loads offline, shows the keys and their ranges with
+64-bit ids digit for digit, shows an empty state, and keeps the last data under a "stale" banner
+when the server stops answering.
 
 The screenshot is kept as a test artefact in artifacts/dashboard.png.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
 from http_server import ServerProcess
 
@@ -25,9 +36,12 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",  # this machine's network is closed: no phoning home
     "--disable-component-update",
     "--disable-sync",
+    "--hide-scrollbars",
     "--window-size=1400,900",
-    "--virtual-time-budget=5000",  # let the page fetch /v1/stats and render
+    "--virtual-time-budget=5000",  # let the page fetch /v1/stats (every 2 s) and render
 ]
+DASH = "\N{EN DASH}"  # between the first and last id of a range
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess[str]:
@@ -43,8 +57,81 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
         )
 
 
+class Page(HTMLParser):
+    """The DOM Chromium rendered, reduced to what an operator reads: the text of each key row's
+    cells (`<tr data-key>` / `<td data-col>`), each key's error line, and each element with an id
+    (its text, and whether it is hidden). Scripts and styles are not text."""
+
+    def __init__(self, dom: str) -> None:
+        super().__init__()
+        self.keys: dict[str, dict[str, str]] = {}
+        self.errors: dict[str, str] = {}
+        self.by_id: dict[str, str] = {}
+        self.hidden: set[str] = set()
+        self._open: list[list[tuple[str, str]]] = []  # per open element: what its text goes to
+        self._active: list[tuple[str, str]] = []
+        self._parts: dict[tuple[str, str], list[str]] = {}
+        self._row = ""
+        self._skip = 0
+        self.feed(dom)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag in ("script", "style"):
+            self._skip += 1
+        if tag in VOID:
+            return
+        sinks: list[tuple[str, str]] = []
+        if tag == "tr" and a.get("data-key"):
+            self._row = a["data-key"] or ""
+            self.keys[self._row] = {}
+        if tag == "tr" and a.get("data-error-for") and "hidden" not in a:
+            sinks.append(("error", a["data-error-for"] or ""))
+        if tag == "td" and a.get("data-col") and self._row:
+            sinks.append(("cell", f"{self._row}\0{a['data-col']}"))
+        if a.get("id"):
+            sinks.append(("id", a["id"] or ""))
+            if "hidden" in a:
+                self.hidden.add(a["id"] or "")
+        for sink in sinks:
+            self._parts[sink] = []
+        self._open.append(sinks)
+        self._active.extend(sinks)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style"):
+            self._skip -= 1
+        if tag in VOID or not self._open:
+            return
+        for sink in self._open.pop():
+            self._active.remove(sink)
+            text = " ".join("".join(self._parts.pop(sink)).split())
+            kind, name = sink
+            if kind == "cell":
+                row, col = name.split("\0")
+                self.keys[row][col] = text
+            elif kind == "error":
+                self.errors[name] = text
+            else:
+                self.by_id[name] = text
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            for sink in self._active:
+                self._parts[sink].append(data)
+
+
+def render(url: str) -> Page:
+    return Page(chromium("--dump-dom", url).stdout)
+
+
 def test_dashboard_shows_keys_and_ranges(idmint_server: ServerProcess) -> None:
     url = idmint_server.url
+    empty = render(url + "/")
+    assert "empty" not in empty.hidden and empty.keys == {}
+    assert "No keys yet: idmint keys add NAME" in empty.by_id["empty"]
+
     for key in (
         {"name": "order", "start": 100_000_000, "step": 1000},
         {"name": "ticket", "start": 1, "max": 2**31 - 1},
@@ -52,15 +139,26 @@ def test_dashboard_shows_keys_and_ranges(idmint_server: ServerProcess) -> None:
         assert httpx.post(url + "/v1/keys", json=key).status_code == 201
     assert len(httpx.get(url + "/v1/keys/order/ids", params={"count": 1500}).json()["ids"]) == 1500
     assert httpx.get(url + "/api/segment/get/ticket").text == "1"
-    order, ticket = httpx.get(url + "/v1/stats").json()["keys"]
-    current = order["generator"]["current"]
+    stats = httpx.get(url + "/v1/stats").json()
+    order, ticket = sorted(stats["keys"], key=lambda k: str(k["name"]))
+    current, preloaded = order["generator"]["current"], order["generator"]["next"]
 
-    dom = chromium("--dump-dom", url + "/").stdout
-    text = re.sub(r"<[^>]+>", " ", dom)
-    assert "order" in text and "ticket" in text
-    assert str(current["start"]) in text  # the current range of "order", exactly
-    assert str(current["stop"] - 1) in text
-    assert str(ticket["remaining"]) in text  # the 32-bit key's remaining ids
+    page = render(url + "/")
+    assert list(page.keys) == ["order", "ticket"]
+    assert {"banner", "empty", "waiting"} <= page.hidden  # fresh data, keys, rendered
+    shown = page.keys["order"]
+    assert shown["current"] == f"{current['start']} {DASH} {current['stop'] - 1}"  # exactly
+    if preloaded is not None:
+        assert shown["next"] == f"{preloaded['start']} {DASH} {preloaded['stop'] - 1}"
+    assert shown["status"] == "ok" and shown["runway"] == "∞"
+    assert re.fullmatch(r"\d+\.\d%", shown["fill"]), shown["fill"]
+    # Above 2**53, where a JS number would round (to ...769000): the page keeps every digit.
+    assert order["remaining"] > 2**53 and shown["remaining"] == str(order["remaining"])
+    assert page.keys["ticket"]["current"] == f"1 {DASH} 1000"
+    assert page.keys["ticket"]["remaining"].startswith(f"{ticket['remaining']} ")
+    assert "32-bit" in page.keys["ticket"]["key"]
+    assert page.by_id["f-version"] == stats["server"]["version"]
+    assert page.by_id["f-ready"] == "ready" and page.errors == {}
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
@@ -74,3 +172,93 @@ def test_dashboard_needs_no_network(idmint_server: ServerProcess) -> None:
     # Nothing loaded from elsewhere: no external scripts, styles, fonts or images.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "@import" not in page and "url(http" not in page
+
+
+@dataclass
+class StubServer:
+    """Serves the packaged dashboard and scripted /v1/stats answers: `answers[i]` for the i-th
+    request (the last one repeats); an int is an HTTP error status."""
+
+    answers: list[dict[str, Any] | int] = field(default_factory=list)
+    url: str = ""
+    requests: int = 0
+
+
+@pytest.fixture
+def stub() -> Iterator[StubServer]:
+    page = resources.files("idmint.server").joinpath("dashboard.html").read_bytes()
+    state = StubServer()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path == "/":
+                self.reply(200, page, "text/html; charset=utf-8")
+            elif self.path.startswith("/v1/stats"):
+                answer = state.answers[min(state.requests, len(state.answers) - 1)]
+                state.requests += 1
+                if isinstance(answer, int):
+                    self.reply(answer, b'{"error": "shutting down"}', "application/json")
+                else:
+                    self.reply(200, json.dumps(answer).encode(), "application/json")
+            else:
+                self.reply(404, b"", "text/plain")
+
+        def reply(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(10)
+
+
+def test_stale_data_errors_and_ids_near_2_63(stub: StubServer) -> None:
+    top = 2**63 - 2
+    base = top - 775_806  # 9223372036854000000: far above 2**53
+    generator = {
+        "current": {"start": base, "stop": base + 1000},
+        "position": base + 999,
+        "next": None,
+        "fill": 0.001,
+        "step": 1000,
+        "refills": 1,
+        "refilling": False,
+        "last_refill_at": "2026-11-21T05:00:00+00:00",
+        "last_refill_ms": 1.5,
+        "issued": 999,
+        "taken": 1000,
+        "given_back": 0,
+        "density": 0.999,
+        "rate_per_s": 0.5,
+        "runway_s": 200.0,
+        "error": "store unavailable: connection refused",
+    }
+    key = {"name": "event", "max": top, "start": base, "step": 1000, "description": None}
+    key |= {"next_id": base + 1000, "remaining": top - base - 999, "bounded": True}
+    server = {"version": "9.9.9", "store": "postgresql://app:secret@db/app", "pid": 77}
+    server |= {"started_at": "2026-11-21T05:00:00+00:00", "uptime_s": 60.0, "ready": True}
+    stub.answers = [{"server": server, "keys": [key | {"generator": generator}]}, 503]
+
+    page = render(stub.url + "/")
+    assert stub.requests >= 2  # it refreshed itself, and the refresh failed
+    assert "banner" not in page.hidden
+    assert "Stale: cannot reach server" in page.by_id["banner"]
+    assert "HTTP 503: shutting down" in page.by_id["banner"]
+    assert page.by_id["f-ready"] == "unreachable"
+    shown = page.keys["event"]  # the last good data stays on screen, digit for digit
+    assert shown["current"] == f"9223372036854000000 {DASH} 9223372036854000999"
+    assert shown["remaining"].startswith("774807 ")
+    assert shown["status"] == "error" and shown["runway"] == "3 m 20 s"
+    assert page.errors == {"event": "error store unavailable: connection refused"}
+    assert page.by_id["f-store"] == "postgresql://app:***@db/app"  # never a password on screen
