@@ -79,3 +79,29 @@ def test_config_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         ServerConfig(port=0)
     with pytest.raises(ValueError, match="http"):
         ServerConfig(http="3")
+
+
+def test_snowflake_routes(app: App) -> None:
+    from idmint.layout import TWITTER
+
+    one = int(call(app, "GET", "/api/snowflake/get/anything").text)
+    batch = call(app, "GET", "/v1/snowflake/ids?count=5000").json()["ids"]
+    assert len(batch) == 5000 and batch == sorted(batch) and one < batch[0]
+    assert {TWITTER.decode(i).worker for i in [one, *batch]} == {0}
+    decoded = call(app, "GET", f"/v1/snowflake/decode/{one}").json()
+    assert decoded["worker"] == 0 and decoded["id"] == one
+    leaf = call(app, "GET", f"/decodeSnowflakeId?snowflakeId={one}").json()
+    assert leaf["workerId"] == "0" and leaf["timestamp"] == str(decoded["unix_ms"])
+    for path in (
+        "/v1/snowflake/decode/abc",
+        "/decodeSnowflakeId",
+        "/v1/snowflake/ids?count=0",
+        "/decodeSnowflakeId?snowflakeId=-1",
+        "/api/snowflake/get/bad%20key",
+    ):
+        assert call(app, "GET", path).status_code == 400, path
+    stats = call(app, "GET", "/v1/stats").json()["snowflake"]
+    assert stats["worker_id"] == 0 and stats["layout"] == "twitter"
+    assert 'idmint_snowflake_worker_id{layout="twitter"} 0' in call(app, "GET", "/metrics").text
+    app.shutdown()  # releases the worker id
+    assert call(app, "GET", "/readyz").status_code == 503

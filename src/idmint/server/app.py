@@ -25,17 +25,22 @@ from urllib.parse import parse_qs
 
 from .. import __version__
 from .._errors import (
+    ClockMovedBackwards,
     Closed,
     Exhausted,
     IdmintError,
     InvalidArgument,
     KeyExists,
     KeyNotFound,
+    LeaseLost,
     StoreUnavailable,
+    WorkersExhausted,
 )
 from .._minter import Minter, connect
 from ..ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, check_key_name
+from ..layout import layout_named
 from ..strategies.segment import SegmentGenerator, SegmentOptions
+from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
 from .metrics import Counters, KeySnapshot, RateMeter, render_prometheus
 from .openapi import openapi_document
@@ -63,6 +68,9 @@ STATUS_OF: list[tuple[type[IdmintError], int]] = [
     (Exhausted, 410),
     (StoreUnavailable, 503),
     (Closed, 503),
+    (LeaseLost, 503),
+    (ClockMovedBackwards, 503),
+    (WorkersExhausted, 503),
 ]
 
 
@@ -142,6 +150,8 @@ class App:
         self._missing: dict[str, float] = {}
         self._rates: dict[str, RateMeter] = {}
         self._dashboard: str | None = None
+        self._flake: SnowflakeGenerator | None = None
+        self._flake_lock = asyncio.Lock()
         self._routes: dict[str, dict[str, tuple[Handler, bool]]] = {
             "/": {"GET": (self.dashboard, False)},
             "/livez": {"GET": (self.livez, False)},
@@ -155,6 +165,10 @@ class App:
             "/v1/keys/{key}/ids": {"GET": (self.ids, False)},
             "/v1/keys/{key}/ranges": {"POST": (self.ranges, False)},
             "/v1/keys/{key}/raise": {"POST": (self.raise_key, True)},
+            "/api/snowflake/get/{key}": {"GET": (self.snowflake_get, False)},
+            "/v1/snowflake/ids": {"GET": (self.snowflake_ids, False)},
+            "/decodeSnowflakeId": {"GET": (self.leaf_decode, False)},
+            "/v1/snowflake/decode/{key}": {"GET": (self.snowflake_decode, False)},
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -273,15 +287,14 @@ class App:
         """The route pattern and the key in it; ("", None) when nothing matches."""
         if path in self._routes and "{" not in path:
             return path, None
-        for prefix, suffix in (("/api/segment/get/", ""), ("/v1/keys/", "")):
+        for prefix in ("/api/segment/get/", "/api/snowflake/get/", "/v1/snowflake/decode/"):
             if path.startswith(prefix):
-                rest = path[len(prefix) :]
-                if prefix == "/api/segment/get/":
-                    return "/api/segment/get/{key}", rest
-                key, _, tail = rest.partition("/")
-                pattern = "/v1/keys/{key}" + (f"/{tail}" if tail else suffix)
-                if pattern in self._routes:
-                    return pattern, key
+                return prefix + "{key}", path[len(prefix) :]
+        if path.startswith("/v1/keys/"):
+            key, _, tail = path[len("/v1/keys/") :].partition("/")
+            pattern = "/v1/keys/{key}" + (f"/{tail}" if tail else "")
+            if pattern in self._routes:
+                return pattern, key
         return "", None
 
     async def handle(self, request: Request) -> Response:
@@ -399,6 +412,60 @@ class App:
             }
         )
 
+    # -- snowflake ---------------------------------------------------------------------------
+
+    async def _snowflake(self) -> SnowflakeGenerator:
+        """The server's snowflake generator, made on first use: leasing a worker id and the
+        first tick (which may wait out a previous holder's horizon) run on a thread."""
+        if self._flake is None:
+            async with self._flake_lock:
+                if self._flake is None:
+                    options = SnowflakeOptions(namespace=self.config.snowflake_namespace)
+
+                    def make() -> SnowflakeGenerator:
+                        gen = self.minter.snowflake(self.config.snowflake_layout, options)
+                        gen.next_id()  # the first tick, off the event loop
+                        return gen
+
+                    self._flake = await asyncio.to_thread(make)
+        return self._flake
+
+    async def snowflake_get(self, request: Request, key: str | None) -> Response:
+        # Leaf's route takes a key and ignores it: one id space per server. We check the name.
+        gen = await self._snowflake()
+        return Response(200, str(gen.next_id()))
+
+    async def snowflake_ids(self, request: Request, key: str | None) -> Response:
+        count = request.param("count", 1, MAX_IDS)
+        gen = await self._snowflake()
+        # A large batch spans ticks and waits for them: on a thread.
+        ids = gen.next_ids(count) if count <= 256 else await asyncio.to_thread(gen.next_ids, count)
+        return _json({"ids": ids})
+
+    def _decode(self, text: str) -> dict[str, Any]:
+        if not _NUMBER.fullmatch(text):
+            raise HttpError(400, f"{text!r} is not an id: ids are non-negative integers")
+        return layout_named(self.config.snowflake_layout).decode(int(text)).as_dict()
+
+    async def snowflake_decode(self, request: Request, key: str | None) -> Response:
+        assert key is not None
+        return _json(self._decode(key))
+
+    async def leaf_decode(self, request: Request, key: str | None) -> Response:
+        values = parse_qs(request.query).get("snowflakeId")
+        if not values:
+            raise HttpError(400, "snowflakeId is required")
+        parts = self._decode(values[-1].strip())
+        # Leaf's field names and string values, plus the time.
+        return _json(
+            {
+                "timestamp": str(parts["unix_ms"]),
+                "workerId": str(parts["worker"]),
+                "sequenceId": str(parts["sequence"]),
+                "time": parts["time"],
+            }
+        )
+
     # -- key admin ---------------------------------------------------------------------------
 
     async def list_keys(self, request: Request, key: str | None) -> Response:
@@ -486,7 +553,14 @@ class App:
 
     async def metrics(self, request: Request, key: str | None) -> Response:
         return Response(
-            200, render_prometheus(await self._snapshots(), self.counters, self._info()), PROMETHEUS
+            200,
+            render_prometheus(
+                await self._snapshots(),
+                self.counters,
+                self._info(),
+                self._flake.stats() if self._flake is not None else None,
+            ),
+            PROMETHEUS,
         )
 
     async def stats(self, request: Request, key: str | None) -> Response:
@@ -501,7 +575,10 @@ class App:
             "uptime_s": time.time() - self.started,
             "ready": not self.shutting_down,
         }
-        return _json({"server": server, "keys": [s.as_dict() for s in snapshots]})
+        flake = self._flake.stats() if self._flake is not None else None
+        return _json(
+            {"server": server, "keys": [s.as_dict() for s in snapshots], "snowflake": flake}
+        )
 
     async def openapi(self, request: Request, key: str | None) -> Response:
         return _json(openapi_document(__version__))

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import InvalidArgument
+from ..ids import check_key_name
+from ..layout import layout_named
 from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
 
 ENV_PREFIX = "IDMINT_"
@@ -34,8 +36,13 @@ class ServerConfig:
     preload_at: float = 0.1
     #: HTTP versions granian speaks: "auto" (1.1 and 2), "1" or "2".
     http: str = "auto"
+    #: The snowflake routes' layout and worker-id namespace.
+    snowflake_layout: str = "twitter"
+    snowflake_namespace: str = "default"
 
     def __post_init__(self) -> None:
+        layout_named(self.snowflake_layout)  # raises InvalidArgument naming the presets
+        check_key_name(self.snowflake_namespace)
         if self.http not in ("auto", "1", "2"):
             raise InvalidArgument(f"http must be auto, 1 or 2, not {self.http!r}")
         if not 0 < self.port < 65536:

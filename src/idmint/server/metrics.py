@@ -102,7 +102,10 @@ def _esc(value: str) -> str:
 
 
 def render_prometheus(
-    snapshots: list[KeySnapshot], counters: Counters, info: dict[str, Any]
+    snapshots: list[KeySnapshot],
+    counters: Counters,
+    info: dict[str, Any],
+    snowflake: dict[str, Any] | None = None,
 ) -> str:
     """The Prometheus text exposition format, version 0.0.4."""
     lines: list[str] = []
@@ -209,6 +212,30 @@ def render_prometheus(
         "Requests answered with an error status.",
         [({"route": r, "status": str(c)}, n) for (r, c), n in sorted(counters.errors.items())],
     )
+    if snowflake is not None:
+        layout = {"layout": str(snowflake["layout"])}
+        for name, kind, help_, field in (
+            ("idmint_snowflake_worker_id", "gauge", "The leased worker id.", "worker_id"),
+            (
+                "idmint_snowflake_lease_deadline_seconds",
+                "gauge",
+                "Seconds until the lease lapses without a renewal.",
+                "lease_deadline_s",
+            ),
+            (
+                "idmint_snowflake_clock_rollbacks_total",
+                "counter",
+                "Clock steps back larger than the generator waits out.",
+                "rollbacks",
+            ),
+            (
+                "idmint_snowflake_runway_years",
+                "gauge",
+                "Years until the layout's time bits run out.",
+                "runway_years",
+            ),
+        ):
+            metric(name, kind, help_, [(layout, float(snowflake[field]))])
     metric(
         "idmint_uptime_seconds",
         "gauge",

@@ -242,6 +242,61 @@ def openapi_document(version: str) -> dict[str, Any]:
                     },
                 }
             },
+            "/api/snowflake/get/{key}": {
+                "get": {
+                    "summary": "One snowflake id as plain text (Leaf's route; the key is "
+                    "checked and otherwise ignored: one id space per server)",
+                    "parameters": [KEY_PARAM],
+                    "responses": {"200": _text("The id"), "400": E400, "503": E503},
+                }
+            },
+            "/v1/snowflake/ids": {
+                "get": {
+                    "summary": "A batch of snowflake ids, increasing",
+                    "parameters": [count],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["ids"],
+                                "properties": {
+                                    "ids": {"type": "array", "items": {"type": "integer"}}
+                                },
+                            }
+                        ),
+                        "400": E400,
+                        "503": E503,
+                    },
+                }
+            },
+            "/decodeSnowflakeId": {
+                "get": {
+                    "summary": "Leaf's decode: timestamp, workerId, sequenceId as strings",
+                    "parameters": [
+                        {
+                            "name": "snowflakeId",
+                            "in": "query",
+                            "required": True,
+                            "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+                        }
+                    ],
+                    "responses": {"200": _json({"type": "object"}), "400": E400},
+                }
+            },
+            "/v1/snowflake/decode/{id}": {
+                "get": {
+                    "summary": "The time, worker and sequence of a snowflake id",
+                    "parameters": [
+                        {
+                            "name": "id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+                        }
+                    ],
+                    "responses": {"200": _json({"type": "object"}), "400": E400},
+                }
+            },
             "/livez": {"get": {"summary": "The process is up", "responses": {"200": _text("ok")}}},
             "/readyz": {
                 "get": {
