@@ -262,3 +262,12 @@ def test_stale_data_errors_and_ids_near_2_63(stub: StubServer) -> None:
     assert shown["status"] == "error" and shown["runway"] == "3 m 20 s"
     assert page.errors == {"event": "error store unavailable: connection refused"}
     assert page.by_id["f-store"] == "postgresql://app:***@db/app"  # never a password on screen
+
+
+def test_dashboard_shows_the_snowflake_worker(idmint_server: ServerProcess) -> None:
+    assert "f-flake-box" in render(idmint_server.url + "/").hidden  # no snowflake route used yet
+    assert httpx.get(idmint_server.url + "/api/snowflake/get/any").status_code == 200
+    page = render(idmint_server.url + "/")
+    assert "f-flake-box" not in page.hidden
+    flake = page.by_id["f-flake"]
+    assert flake.startswith("twitter · worker 0 · lease ") and "rollbacks 0" in flake, flake
