@@ -102,7 +102,7 @@ class Minter:
             if self._closed:
                 raise Closed("the minter is closed")
             gen = self._segments.get(name)
-            if gen is None or gen.stats().closed:
+            if gen is None or gen.closed:
                 gen = SegmentGenerator(self.store, name, options or self.segment_options)
                 self._segments[name] = gen
             return gen

@@ -39,17 +39,17 @@ def redact(url: str) -> str:
         return url
 
 
-def _scheme(url: str) -> tuple[str, str]:
+def _resolve(url: str | None, schemes: tuple[str, ...]) -> tuple[str, str, str]:
+    """(url, scheme, display) of a store URL, defaulted and checked against `schemes`."""
+    url = url or os.environ.get("IDMINT_STORE") or DEFAULT_STORE_URL
     display = redact(url)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    return scheme, display
-
-
-def _bad_scheme(display: str, schemes: tuple[str, ...]) -> InvalidArgument:
-    return InvalidArgument(
-        f"bad store URL {display!r}: it must start with one of "
-        + ", ".join(f"{s}://" for s in schemes)
-    )
+    if scheme not in schemes:
+        raise InvalidArgument(
+            f"bad store URL {display!r}: it must start with one of "
+            + ", ".join(f"{s}://" for s in schemes)
+        )
+    return url, scheme, display
 
 
 def _sql_dialect(scheme: str, url: str, display: str, timeout: float) -> Dialect:
@@ -72,10 +72,7 @@ def open_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> R
     `timeout` bounds connecting and waiting for locks, in seconds. No I/O happens here: a
     store connects on first use, so an unreachable store is reported by the first operation.
     """
-    url = url or os.environ.get("IDMINT_STORE") or DEFAULT_STORE_URL
-    scheme, display = _scheme(url)
-    if scheme not in SCHEMES:
-        raise _bad_scheme(display, SCHEMES)
+    url, scheme, display = _resolve(url, SCHEMES)
     if scheme == "memory":
         from .memory import open_memory
 
@@ -86,10 +83,7 @@ def open_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> R
 def open_lease_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> LeaseStore:
     """Open the worker-id lease store a URL names: the range stores' URLs, plus redis://,
     etcd:// and zk://. Lazy like open_store."""
-    url = url or os.environ.get("IDMINT_STORE") or DEFAULT_STORE_URL
-    scheme, display = _scheme(url)
-    if scheme not in LEASE_SCHEMES:
-        raise _bad_scheme(display, LEASE_SCHEMES)
+    url, scheme, display = _resolve(url, LEASE_SCHEMES)
     if scheme == "memory":
         from .memory_leases import open_memory_leases
 

@@ -438,6 +438,10 @@ class SegmentGenerator:
             with self._cond:
                 self._given_back += len(r)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def stats(self) -> SegmentStats:
         with self._cond:
             seg, nxt = self._seg, self._next
