@@ -102,6 +102,11 @@ def test_snowflake_routes(app: App) -> None:
         assert call(app, "GET", path).status_code == 400, path
     stats = call(app, "GET", "/v1/stats").json()["snowflake"]
     assert stats["worker_id"] == 0 and stats["layout"] == "twitter"
-    assert 'idmint_snowflake_worker_id{layout="twitter"} 0' in call(app, "GET", "/metrics").text
+    # SQLite reads this machine's clock: the offset is near zero, and bounded
+    assert abs(stats["clock_offset_ms"]) <= stats["clock_offset_error_ms"] + 1
+    metrics = call(app, "GET", "/metrics").text
+    assert 'idmint_snowflake_worker_id{layout="twitter"} 0' in metrics
+    assert 'idmint_snowflake_clock_offset_seconds{layout="twitter"} ' in metrics
+    assert 'idmint_snowflake_clock_offset_error_seconds{layout="twitter"} ' in metrics
     app.shutdown()  # releases the worker id
     assert call(app, "GET", "/readyz").status_code == 503

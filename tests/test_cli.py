@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,10 +167,15 @@ def test_store_after_the_command(capsys: pytest.CaptureFixture[str], url: str) -
 
 
 def test_snowflake_decode_and_workers(capsys: pytest.CaptureFixture[str], url: str) -> None:
-    code, out, err = run(capsys, "snowflake", "-n", "5", "--store", url)
+    code, out, err = run(capsys, "snowflake", "-n", "5", "--store", url, "-v")
     assert code == 0, err
     ids = [int(x) for x in out.split()]
     assert len(ids) == 5 and ids == sorted(ids)
+    assert re.fullmatch(
+        r"worker 0 of namespace 'default'; layout twitter, \d+\.\d years of time bits left; "
+        r"this host's clock is [+-]\d+ ms \(±\d+\) off the store's\n",
+        err,
+    ), err
     code, out, _ = run(capsys, "decode", str(ids[0]), "--json")
     decoded = json.loads(out)
     assert decoded["worker"] == 0 and decoded["sequence"] == 0

@@ -271,3 +271,5 @@ def test_dashboard_shows_the_snowflake_worker(idmint_server: ServerProcess) -> N
     assert "f-flake-box" not in page.hidden
     flake = page.by_id["f-flake"]
     assert flake.startswith("twitter · worker 0 · lease ") and "rollbacks 0" in flake, flake
+    # this host's clock against the store's (SQLite reads this machine's own)
+    assert re.search(r" · clock [+\u2212]\d+ ms ±\d+$", flake), flake

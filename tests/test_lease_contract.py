@@ -129,3 +129,22 @@ def test_release_with_the_last_issued_timestamp_lowers_the_horizon(store: LeaseS
     assert (second.floor_ms, second.horizon_ms) == (NOW + 12, NOW + 20)
     store.release(second, issued_ms=0)  # issued nothing: the floor stands
     assert take(store, ns="down", workers=1, horizon=0).floor_ms == NOW + 12
+
+
+def test_answers_carry_the_store_clock(store: LeaseStore) -> None:
+    def wall_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    sent = wall_ms()
+    lease = take(store)
+    acquired = wall_ms()
+    renewed = store.renew(lease, NOW + 1)  # a horizon that moves, so every store writes
+    received = wall_ms()
+    if store.display_url.startswith("memory"):
+        assert (lease.store_ms, renewed.store_ms) == (None, None)  # no clock of its own
+        return
+    # The servers run on this machine: their clocks read this one's, within the round trip
+    # and the store's resolution (whole seconds from etcd's Date header).
+    for answer, start, end in ((lease, sent, acquired), (renewed, acquired, received)):
+        assert answer.store_ms is not None
+        assert start - answer.store_ms_step <= answer.store_ms <= end + 1

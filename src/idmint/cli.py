@@ -294,6 +294,13 @@ def serve(
 )
 @click.option("--worker-id", type=int, help="A static worker id instead of a lease.")
 @click.option("--state", help="The static worker's state file (needed with --worker-id).")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Also say on stderr which worker id was used, the layout's runway and how far this "
+    "host's clock is from the store's.",
+)
 @click.pass_context
 def snowflake(
     ctx: click.Context,
@@ -302,6 +309,7 @@ def snowflake(
     namespace: str,
     worker_id: int | None,
     state: str | None,
+    verbose: bool,
 ) -> None:
     """Print COUNT snowflake ids, one per line, from a leased worker id."""
     from .strategies.snowflake import SnowflakeOptions
@@ -312,7 +320,25 @@ def snowflake(
             layout, SnowflakeOptions(namespace=namespace), worker_id=worker_id, state=state
         )
         ids = flakes.next_ids(count)
+        stats = flakes.stats()
     click.echo("\n".join(map(str, ids)))
+    if verbose:
+        click.echo(_describe_snowflake(namespace, stats), err=True)
+
+
+def _describe_snowflake(namespace: str, stats: dict[str, Any]) -> str:
+    """One line on the worker a `snowflake` command used."""
+    line = (
+        f"worker {stats['worker_id']} of namespace {namespace!r}; layout {stats['layout']}, "
+        f"{stats['runway_years']:.1f} years of time bits left"
+    )
+    if stats["clock_offset_ms"] is None:
+        return line + "; the store has no clock to compare with"
+    ahead = -float(stats["clock_offset_ms"])
+    return (
+        f"{line}; this host's clock is {ahead:+.0f} ms (±{stats['clock_offset_error_ms']:.0f}) "
+        "off the store's"
+    )
 
 
 @cli.command()

@@ -234,8 +234,25 @@ def render_prometheus(
                 "Years until the layout's time bits run out.",
                 "runway_years",
             ),
+            (
+                "idmint_snowflake_clock_offset_seconds",
+                "gauge",
+                "The lease store's clock minus this process's, measured on lease round trips.",
+                "clock_offset_ms",
+            ),
+            (
+                "idmint_snowflake_clock_offset_error_seconds",
+                "gauge",
+                "How far the true clock offset can be from the measured one.",
+                "clock_offset_error_ms",
+            ),
         ):
-            metric(name, kind, help_, [(layout, float(snowflake[field]))])
+            value = snowflake[field]
+            if value is None:  # no offset from a store without a clock (memory, static)
+                continue
+            if field.endswith("_ms"):
+                value = float(value) / 1000
+            metric(name, kind, help_, [(layout, float(value))])
     metric(
         "idmint_uptime_seconds",
         "gauge",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from .._errors import LeaseLost, WorkersExhausted
@@ -61,7 +62,8 @@ class SqlLeaseStore(SqlConnection):
             f"UPDATE {t} SET expires_ms = {now} + {p}, horizon_ms = {g}(horizon_ms, {p}) "
             f"WHERE {where} AND owner = {p}"
         )
-        self._horizon = f"SELECT horizon_ms FROM {t} WHERE {where}"
+        self._horizon = f"SELECT horizon_ms, {now} FROM {t} WHERE {where}"
+        self._now = f"SELECT {now}"
         self._release = f"UPDATE {t} SET owner = '', expires_ms = 0 WHERE {where} AND owner = {p}"
         self._release_down = (
             f"UPDATE {t} SET owner = '', expires_ms = 0, horizon_ms = {p} "
@@ -78,23 +80,23 @@ class SqlLeaseStore(SqlConnection):
         def body(cur: Any) -> Lease:
             cur.execute(self._scan, (namespace,))
             rows = {int(r[0]): r for r in cur.fetchall()}
-            now = None
-            for row in rows.values():
-                now = int(row[4])
-                break
+            if rows:
+                now = int(next(iter(rows.values()))[4])
+            else:  # a new namespace: read the database's clock on its own
+                cur.execute(self._now)
+                now = int(cur.fetchone()[0])
             for worker_id in range(workers):
                 row = rows.get(worker_id)
                 if row is None:
                     cur.execute(
                         self._insert, (namespace, worker_id, owner, host, ttl_ms, horizon_ms)
                     )
-                    return Lease(namespace, worker_id, owner, 0, horizon_ms, ttl)
-                live = row[1] != "" and now is not None and int(row[2]) > now
-                if not live:
+                    return Lease(namespace, worker_id, owner, 0, horizon_ms, ttl, store_ms=now)
+                if row[1] == "" or int(row[2]) <= now:  # free, or its holder's lease expired
                     floor = int(row[3])
                     horizon = max(floor, horizon_ms)
                     cur.execute(self._take, (owner, host, ttl_ms, horizon, namespace, worker_id))
-                    return Lease(namespace, worker_id, owner, floor, horizon, ttl)
+                    return Lease(namespace, worker_id, owner, floor, horizon, ttl, store_ms=now)
             raise WorkersExhausted(namespace, workers)
 
         for attempt in range(ACQUIRE_ATTEMPTS):
@@ -115,10 +117,8 @@ class SqlLeaseStore(SqlConnection):
                     f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
                 )
             cur.execute(self._horizon, key)
-            horizon = int(cur.fetchone()[0])
-            return Lease(
-                lease.namespace, lease.worker_id, lease.owner, lease.floor_ms, horizon, lease.ttl
-            )
+            horizon, now = (int(v) for v in cur.fetchone())
+            return replace(lease, horizon_ms=horizon, store_ms=now)
 
         return self._run(body)
 

@@ -65,6 +65,11 @@ class Lease:
     The holder may issue ids with timestamps in (floor_ms, horizon_ms]: `floor_ms` is the highest
     timestamp any earlier holder of this worker id was allowed to issue, `horizon_ms` the highest
     this holder may issue, as the store has durably recorded it. Both are Unix milliseconds.
+
+    `store_ms` is the store's own clock while it answered (Unix milliseconds, read in steps of
+    `store_ms_step`: 1 for a database clock, 1000 for an HTTP Date header), so the holder can
+    measure how far its clock is from the store's; None when the store has no clock of its own
+    (memory, static) or did not read it on this call.
     """
 
     namespace: str
@@ -73,6 +78,8 @@ class Lease:
     floor_ms: int
     horizon_ms: int
     ttl: float
+    store_ms: int | None = None
+    store_ms_step: int = 1
 
 
 @dataclass(frozen=True)
@@ -99,11 +106,13 @@ class LeaseStore(Protocol):
     def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
         """Take the lowest worker id in [0, workers) that no live lease holds. The returned
         lease's floor is the stored horizon of that id; its horizon is max(floor, horizon_ms),
-        recorded before returning. Raises WorkersExhausted."""
+        recorded before returning. Sets `store_ms` where the store has a clock. Raises
+        WorkersExhausted."""
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         """Extend the lease by its ttl and raise its horizon to `horizon_ms` (never lower it).
-        Raises LeaseLost when another owner holds the id now."""
+        Sets `store_ms` where the store has a clock. Raises LeaseLost when another owner holds
+        the id now."""
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         """Free the worker id at once. With `issued_ms` (the holder's last issued timestamp,

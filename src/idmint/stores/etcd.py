@@ -9,16 +9,21 @@ Keys, under the URL's prefix (default "idmint"), with the namespace percent-enco
 
 URL: etcd://host:port[,host2:port2...][/prefix]. Endpoints are tried in turn when one cannot
 be connected to.
+
+etcd's API reports no time; its HTTP Date header (whole seconds, from the member that answered)
+is the store's clock that a lease reports.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import email.utils
 import json
 import math
 import threading
 import uuid
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -92,6 +97,7 @@ class EtcdLeaseStore:
         self._client = httpx.Client(timeout=timeout)
         self._leases: dict[str, str] = {}  # owner -> etcd lease id, for renew and release
         self._lock = threading.Lock()
+        self._answered = threading.local()  # date_ms: the Date of this thread's last answer
 
     # -- HTTP --------------------------------------------------------------------------------
 
@@ -112,6 +118,7 @@ class EtcdLeaseStore:
                 if self._endpoints[0] != endpoint:
                     self._endpoints.remove(endpoint)
                     self._endpoints.insert(0, endpoint)
+            self._answered.date_ms = _date_ms(r.headers.get("date"))
             # keepalive is a stream: one JSON message a line, the first is the answer
             text = r.text.split("\n", 1)[0]
             try:
@@ -194,7 +201,7 @@ class EtcdLeaseStore:
                     with self._lock:
                         self._leases[owner] = lease_id
                     lease_id = ""
-                    return Lease(namespace, free, owner, floor, horizon, ttl)
+                    return Lease(namespace, free, owner, floor, horizon, ttl, **self._clock())
         except _EtcdError as exc:
             raise self._unavailable(str(exc)) from None
         finally:
@@ -230,9 +237,11 @@ class EtcdLeaseStore:
                 break
         else:
             raise self._unavailable(f"{ATTEMPTS} concurrent writers in a row moved the horizon")
-        return Lease(
-            lease.namespace, lease.worker_id, lease.owner, lease.floor_ms, horizon, lease.ttl
-        )
+        return replace(lease, horizon_ms=horizon, **self._clock())
+
+    def _clock(self) -> dict[str, Any]:
+        """The store's clock as a Lease takes it: the Date of this thread's last answer."""
+        return {"store_ms": getattr(self._answered, "date_ms", None), "store_ms_step": 1000}
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         lease_keys, horizon_keys = self._keys(lease.namespace)
@@ -266,6 +275,16 @@ class EtcdLeaseStore:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _date_ms(header: str | None) -> int | None:
+    """Unix milliseconds of an HTTP Date header (whole seconds); None if absent or unreadable."""
+    if not header:
+        return None
+    try:
+        return int(email.utils.parsedate_to_datetime(header).timestamp()) * 1000
+    except (TypeError, ValueError):
+        return None
 
 
 class _EtcdError(Exception):

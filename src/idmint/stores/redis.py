@@ -24,6 +24,7 @@ import re
 import socket
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
@@ -38,8 +39,12 @@ DEFAULT_PORT = 6379
 
 T = TypeVar("T")
 
+# Every script that answers reads the server's clock (TIME) last, after its writes: scripts
+# replicated as scripts (Redis before 7) may not write after a non-deterministic command.
+
 # ARGV: prefix, namespace, workers, owner, host, ttl_ms, horizon_ms.
-# Returns {worker id, floor, horizon}, or false when every id is leased. Horizons stay strings:
+# Returns {worker id, floor, horizon, TIME's seconds, TIME's microseconds}, or false when
+# every id is leased. Horizons stay strings:
 # Lua numbers are doubles that redis.call would format with %.14g, so a number is only ever
 # compared, never stored.
 _ACQUIRE = """
@@ -55,15 +60,17 @@ for id = 0, tonumber(ARGV[3]) - 1 do
         if tonumber(floor) > tonumber(wanted) then horizon = floor end
         redis.call('SET', lease, ARGV[4], 'PX', ARGV[6])
         redis.call('HSET', hkey, 'horizon', horizon, 'host', ARGV[5], 'owner', ARGV[4])
-        return {id, floor, horizon}
+        local now = redis.call('TIME')
+        return {id, floor, horizon, now[1], now[2]}
     end
 end
 return false
 """
 
-# KEYS: lease, horizon hash. ARGV: owner, ttl_ms, horizon_ms. Returns the horizon, or false
-# when another owner took the id. A lease that expired but that nobody took since (the hash
-# still names us) is taken back: no one else can have issued ids under it in between.
+# KEYS: lease, horizon hash. ARGV: owner, ttl_ms, horizon_ms. Returns {horizon, TIME's
+# seconds, TIME's microseconds}, or false when another owner took the id. A lease that expired
+# but that nobody took since (the hash still names us) is taken back: no one else can have
+# issued ids under it in between.
 _RENEW = """
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
@@ -78,7 +85,8 @@ if tonumber(ARGV[3]) > tonumber(horizon) then
     horizon = ARGV[3]
     redis.call('HSET', KEYS[2], 'horizon', horizon)
 end
-return horizon
+local now = redis.call('TIME')
+return {horizon, now[1], now[2]}
 """
 
 # KEYS: lease, horizon hash. ARGV: owner, the lowered horizon or "". Acts only while the hash
@@ -153,8 +161,10 @@ class RedisLeaseStore:
         got = self._call(lambda: self._acquire(args=args))
         if not got:
             raise WorkersExhausted(namespace, workers)
-        worker_id, floor, horizon = (int(v) for v in cast(list[Any], got))
-        return Lease(namespace, worker_id, owner, floor, horizon, ttl)
+        worker_id, floor, horizon, seconds, micros = (int(v) for v in cast(list[Any], got))
+        return Lease(
+            namespace, worker_id, owner, floor, horizon, ttl, store_ms=_unix_ms(seconds, micros)
+        )
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         keys = self._keys(lease.namespace, lease.worker_id)
@@ -164,9 +174,8 @@ class RedisLeaseStore:
             raise LeaseLost(
                 f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
             )
-        return Lease(
-            lease.namespace, lease.worker_id, lease.owner, lease.floor_ms, int(got), lease.ttl
-        )
+        horizon, seconds, micros = (int(v) for v in cast(list[Any], got))
+        return replace(lease, horizon_ms=horizon, store_ms=_unix_ms(seconds, micros))
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         keys = self._keys(lease.namespace, lease.worker_id)
@@ -210,6 +219,11 @@ class RedisLeaseStore:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _unix_ms(seconds: int, micros: int) -> int:
+    """Unix milliseconds from the two halves of Redis's TIME."""
+    return seconds * 1000 + micros // 1000
 
 
 def _ms(ttl: float) -> int:

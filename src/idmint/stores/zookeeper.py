@@ -18,6 +18,9 @@ the other stores: a timer closes a lease's session when `renew` has not been cal
 seconds, which deletes the lease node at once. A lease whose session ended is lost for good:
 renew raises LeaseLost even if nobody has taken the id since. `close` stops only the store's
 shared client; open leases keep their sessions until released or until their ttl runs out.
+
+The store's clock that a lease reports is the horizon node's mtime after a write: the time the
+ZooKeeper leader gave that write.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._errors import DriverMissing, InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhausted
@@ -130,13 +133,23 @@ class _Session:
         except self._kz.no_node:
             return []
 
-    def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
-        """Create the node and its missing parents. Raises NodeExistsError."""
-        self._wait(self._client.create_async, path, data, ephemeral=ephemeral, makepath=True)
+    def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> int:
+        """Create the node and its missing parents; its mtime (the leader's Unix ms).
+        Raises NodeExistsError."""
+        _, stat = self._wait(
+            self._client.create_async,
+            path,
+            data,
+            ephemeral=ephemeral,
+            makepath=True,
+            include_data=True,
+        )
+        return int(stat.mtime)
 
-    def set(self, path: str, data: bytes, version: int) -> None:
-        """Compare-and-set. Raises BadVersionError, NoNodeError."""
-        self._wait(self._client.set_async, path, data, version=version)
+    def set(self, path: str, data: bytes, version: int) -> int:
+        """Compare-and-set; the node's new mtime (the leader's Unix ms). Raises
+        BadVersionError, NoNodeError."""
+        return int(self._wait(self._client.set_async, path, data, version=version).mtime)
 
     def delete(self, path: str) -> None:
         self._wait(self._client.delete_async, path)
@@ -220,7 +233,7 @@ class ZooKeeperLeaseStore:
                     except self._kz.node_exists:
                         continue
                     _, horizon_path = self._paths(namespace, worker_id)
-                    floor, horizon = self._move_horizon(
+                    floor, horizon, written_ms = self._move_horizon(
                         session, horizon_path, owner, horizon_ms, take=True
                     )
                     held = _Held(session)
@@ -228,7 +241,9 @@ class ZooKeeperLeaseStore:
                         self._held[owner] = held
                     with held.lock:
                         self._arm(owner, held, ttl)
-                    return Lease(namespace, worker_id, owner, floor, horizon, ttl)
+                    return Lease(
+                        namespace, worker_id, owner, floor, horizon, ttl, store_ms=written_ms
+                    )
                 # every id listed as free was taken meanwhile: list again
         except BaseException:
             if session is not None:
@@ -237,8 +252,9 @@ class ZooKeeperLeaseStore:
 
     def _move_horizon(
         self, session: _Session, path: str, owner: str, horizon_ms: int, *, take: bool
-    ) -> tuple[int, int]:
-        """(stored horizon, new horizon) after raising it to horizon_ms by compare-and-set.
+    ) -> tuple[int, int, int | None]:
+        """(stored horizon, new horizon, the write's mtime or None when nothing was written)
+        after raising the horizon to horizon_ms by compare-and-set.
 
         `take`: make `owner` the horizon's holder; else raise LeaseLost if it is not."""
         kz = self._kz
@@ -249,8 +265,7 @@ class ZooKeeperLeaseStore:
                 if not take:
                     raise LeaseLost(f"{path} is gone") from None
                 try:
-                    session.create(path, _horizon_data(horizon_ms, owner))
-                    return 0, horizon_ms
+                    return 0, horizon_ms, session.create(path, _horizon_data(horizon_ms, owner))
                 except kz.node_exists:
                     continue
             stored, holder = _parse_horizon(data)
@@ -258,10 +273,9 @@ class ZooKeeperLeaseStore:
                 raise LeaseLost(f"{path} has another holder")
             new = max(stored, horizon_ms)
             if new == stored and holder == owner:
-                return stored, stored
+                return stored, stored, None
             try:
-                session.set(path, _horizon_data(new, owner), version)
-                return stored, new
+                return stored, new, session.set(path, _horizon_data(new, owner), version)
             except kz.bad_version:
                 continue
 
@@ -328,7 +342,7 @@ class ZooKeeperLeaseStore:
                     raise lost from None
                 if json.loads(data).get("owner") != lease.owner:
                     raise lost
-                _, horizon = self._move_horizon(
+                _, horizon, written_ms = self._move_horizon(
                     session, horizon_path, lease.owner, horizon_ms, take=False
                 )
             except (LeaseLost, _SessionGone) as exc:
@@ -339,9 +353,7 @@ class ZooKeeperLeaseStore:
                 session.stop()
                 raise lost from exc
             self._arm(lease.owner, held, lease.ttl)
-        return Lease(
-            lease.namespace, lease.worker_id, lease.owner, lease.floor_ms, horizon, lease.ttl
-        )
+        return replace(lease, horizon_ms=horizon, store_ms=written_ms)
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         held = self._forget(lease.owner)

@@ -39,6 +39,7 @@ from .._errors import (
 from ..ids import check_count, check_key_name
 from ..layout import Decoded, Layout, layout_named
 from ..stores.base import Lease, LeaseStore
+from .clock_offset import WARN_MS, ClockOffset
 
 log = logging.getLogger("idmint.snowflake")
 
@@ -87,6 +88,8 @@ class LeaseKeeper:
         self._error: IdmintError | None = None
         self.renewals = 0
         self.reacquired = 0
+        self.clock = ClockOffset()
+        self._clock_warned = False
         self._thread = threading.Thread(target=self._run, name="idmint-lease", daemon=True)
 
     @property
@@ -101,12 +104,14 @@ class LeaseKeeper:
 
     def _acquire(self) -> Lease:
         sent = time.monotonic()
+        sent_ms = self._wall_ms()
         lease = self.store.acquire(
             self.options.namespace,
             workers=self.workers,
             ttl=self.options.ttl,
-            horizon_ms=self._wall_ms() + int(self.options.ttl * 1000),
+            horizon_ms=sent_ms + int(self.options.ttl * 1000),
         )
+        self._measure(sent_ms, lease)
         with self._lock:
             self._lease, self._deadline, self._error = lease, sent + lease.ttl - self.margin, None
         return lease
@@ -115,12 +120,36 @@ class LeaseKeeper:
         """Renew now, moving the horizon to now + ttl. Raises LeaseLost or StoreUnavailable."""
         lease = self.lease()
         sent = time.monotonic()
-        renewed = self.store.renew(lease, self._wall_ms() + int(self.options.ttl * 1000))
+        sent_ms = self._wall_ms()
+        renewed = self.store.renew(lease, sent_ms + int(self.options.ttl * 1000))
+        self._measure(sent_ms, renewed)
         with self._lock:
             if self._lease is not None and self._lease.owner == renewed.owner:
                 self._lease, self._deadline = renewed, sent + renewed.ttl - self.margin
                 self.renewals += 1
         return renewed
+
+    def _measure(self, sent_ms: int, answer: Lease) -> None:
+        """Take the store's clock reading of a round trip that began at sent_ms."""
+        if answer.store_ms is None:
+            return
+        offset = self.clock.add(
+            sent_ms=sent_ms,
+            received_ms=self._wall_ms(),
+            store_ms=answer.store_ms,
+            step_ms=answer.store_ms_step,
+        )
+        far = offset.surely_beyond(WARN_MS)
+        if far and not self._clock_warned:
+            log.warning(
+                "this host's clock is %+.0f ms (±%.0f) off the lease store's: the time part of "
+                "its ids is off by as much",
+                -offset.ms,
+                offset.error_ms,
+            )
+        elif self._clock_warned and not far:
+            log.info("this host's clock is within %.0f ms of the lease store's again", WARN_MS)
+        self._clock_warned = far
 
     def lease(self) -> Lease:
         """The lease, if it is still valid by the local deadline; else LeaseLost."""
@@ -332,14 +361,15 @@ class SnowflakeGenerator:
             lease: Lease | None = self._keeper.lease()
         except LeaseLost:
             lease = None
+        offset = self._keeper.clock.current()
         return {
             "layout": self.layout.name,
             "worker_id": self.worker_id if lease is None else lease.worker_id,
             "lease_deadline_s": self._keeper.deadline_in(),
             "horizon_ms": lease.horizon_ms if lease else None,
-            "clock_offset_ms": (lease.horizon_ms - self.options.ttl * 1000 - self._wall_ms())
-            if lease
-            else None,
+            # the store's clock minus ours; None when the store has no clock (memory, static)
+            "clock_offset_ms": round(offset.ms, 1) if offset else None,
+            "clock_offset_error_ms": round(offset.error_ms, 1) if offset else None,
             "rollbacks": self._rollbacks,
             "renewals": self._keeper.renewals,
             "runway_years": self.layout.runway_years(self._wall_ms()),
