@@ -148,3 +148,21 @@ def test_answers_carry_the_store_clock(store: LeaseStore) -> None:
     for answer, start, end in ((lease, sent, acquired), (renewed, acquired, received)):
         assert answer.store_ms is not None
         assert start - answer.store_ms_step <= answer.store_ms <= end + 1
+
+
+def test_acquire_prefers_an_id_usable_now(store: LeaseStore) -> None:
+    # Worker 0 was last held by a host whose clock had jumped an hour ahead.
+    jumped = take(store, horizon=NOW + 3_600_000)
+    store.release(jumped)
+    usable = store.acquire("ns", workers=4, ttl=30.0, horizon_ms=NOW + 10_000, now_ms=NOW)
+    assert (usable.worker_id, usable.floor_ms) == (1, 0)
+    # With no usable id left, the lowest free one, floor and all.
+    for expected in (2, 3):  # the others jump too
+        lease = store.acquire("ns", workers=4, ttl=30.0, horizon_ms=NOW + 3_600_000, now_ms=NOW)
+        assert lease.worker_id == expected
+        store.release(lease)
+    again = store.acquire("ns", workers=4, ttl=30.0, horizon_ms=NOW + 10_000, now_ms=NOW)
+    assert (again.worker_id, again.floor_ms) == (0, NOW + 3_600_000)
+    # Without now_ms, plainly the lowest free id.
+    store.release(again)
+    assert take(store).worker_id == 0

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from idmint import ClockMovedBackwards, LeaseLost, WorkersExhausted
 from idmint.layout import JS53, LAYOUTS, SONYFLAKE, TWITTER, Layout
+from idmint.stores import open_lease_store
+from idmint.stores.base import LeaseStore
 from idmint.stores.memory_leases import MemoryLeaseStore
 from idmint.stores.static import StaticLeaseStore
 from idmint.strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
@@ -64,6 +66,10 @@ def test_custom_layouts_round_trip(
         with pytest.raises(ValueError, match="at most 63"):
             Layout("x", time_bits, worker_bits, seq_bits)
         return
+    if (1 << time_bits) * 3 >= 253_402_300_800_000:  # ticks of 3 ms past the year 9999
+        with pytest.raises(ValueError, match="year 9999"):
+            Layout("x", time_bits, worker_bits, seq_bits, tick_ms=3)
+        return
     layout = Layout("x", time_bits, worker_bits, seq_bits, tick_ms=3, worker_low=worker_low)
     i = data.draw(st.integers(0, 2**layout.bits - 1))
     parts = layout.decode(i)
@@ -83,7 +89,7 @@ def test_presets() -> None:
 
 def make(
     clock: FakeClock,
-    store: MemoryLeaseStore | None = None,
+    store: LeaseStore | None = None,
     layout: str | Layout = "twitter",
     options: SnowflakeOptions | None = None,
 ) -> SnowflakeGenerator:
@@ -154,16 +160,19 @@ def test_a_jump_forward_moves_the_horizon_first() -> None:
 
 def test_a_new_holder_issues_only_above_the_old_horizon() -> None:
     store = MemoryLeaseStore()
+    two = Layout("two", 41, 1, 12, epoch_ms=TWITTER.epoch_ms)  # worker ids 0 and 1
     ahead = FakeClock(START_MS + 2000)
-    old = make(ahead, store, options=SnowflakeOptions(ttl=1.0))
+    old = make(ahead, store, two, options=SnowflakeOptions(ttl=1.0))
     old_ids = old.next_ids(10)
     # The old holder dies without releasing; its lease expires by the store's clock.
     old._keeper._stop.set()
     time.sleep(1.1)
+    # Worker 1 is busy, so the new holder must take worker 0 although its floor is ahead.
+    store.acquire("default", workers=2, ttl=60, horizon_ms=START_MS, now_ms=START_MS)
     behind = FakeClock(START_MS)  # the new holder's clock is 2 s behind the old one's
     threading.Timer(0.1, behind.step_ms, (3100,)).start()
-    new = make(behind, store, options=SnowflakeOptions(ttl=1.0))
-    assert new.worker_id == old.worker_id
+    new = make(behind, store, two, options=SnowflakeOptions(ttl=1.0))
+    assert new.worker_id == old.worker_id == 0
     new_ids = new.next_ids(10)  # waits for its clock to pass the old horizon
     assert min(new.decode(i).unix_ms for i in new_ids) > max(old.decode(i).unix_ms for i in old_ids)
     assert_unique(old_ids + new_ids)
@@ -260,3 +269,19 @@ def test_static_worker_keeps_its_horizon_across_a_step_back(tmp_path: Path) -> N
     assert again.worker_id == 7
     assert_unique(first + again.next_ids(3))
     again.close()
+
+
+def test_after_a_jump_forward_a_restart_takes_a_worker_id_usable_now(tmp_path: Path) -> None:
+    # A host's clock jumped an hour ahead; it issued, then closed (its horizon stays an hour
+    # ahead: it issued there). After the clock is corrected, a new generator must not sit on
+    # that worker id for an hour: it takes a free one it can use at once.
+    store = open_lease_store(f"sqlite:///{tmp_path / 'jump.db'}")
+    jumped = make(FakeClock(START_MS + 3_600_000), store)
+    late = jumped.next_id()
+    jumped.close()
+    corrected = make(FakeClock(START_MS), store)
+    assert corrected.worker_id == 1
+    ids = corrected.next_ids(100)  # at once: no ClockMovedBackwards
+    assert_unique([late, *ids])
+    corrected.close()
+    store.close()

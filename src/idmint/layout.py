@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from ._errors import InvalidArgument
 
 MS_PER_YEAR = 365.2425 * 86_400_000
+END_OF_CALENDAR_MS = 253_402_300_800_000  # 10000-01-01T00:00:00Z: datetime stops before it
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class Layout:
             )
         if not isinstance(self.epoch_ms, int) or self.epoch_ms < 0:
             raise InvalidArgument(f"epoch must be Unix milliseconds >= 0, not {self.epoch_ms!r}")
+        if self.end_ms >= END_OF_CALENDAR_MS:
+            years = (self.end_ms - self.epoch_ms) / MS_PER_YEAR
+            raise InvalidArgument(
+                f"layout {self.name!r} spans {years:,.0f} years, past the year 9999 that dates "
+                "can show: use fewer time bits or a shorter tick"
+            )
 
     @property
     def bits(self) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._errors import LeaseLost, WorkersExhausted
 from ._sql import Dialect, SqlConnection
-from .base import Lease, WorkerInfo
+from .base import Lease, WorkerInfo, pick_worker
 
 WORKERS_TABLE = "idmint_workers"
 CREATE_WORKERS_TABLE = f"""
@@ -74,7 +74,15 @@ class SqlLeaseStore(SqlConnection):
             f"WHERE namespace = {p} ORDER BY worker_id"
         )
 
-    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+    def acquire(
+        self,
+        namespace: str,
+        *,
+        workers: int,
+        ttl: float,
+        horizon_ms: int,
+        now_ms: int | None = None,
+    ) -> Lease:
         owner, host, ttl_ms = uuid.uuid4().hex, holder_name(), int(ttl * 1000)
 
         def body(cur: Any) -> Lease:
@@ -85,19 +93,26 @@ class SqlLeaseStore(SqlConnection):
             else:  # a new namespace: read the database's clock on its own
                 cur.execute(self._now)
                 now = int(cur.fetchone()[0])
-            for worker_id in range(workers):
+
+            def floor(worker_id: int) -> int:
                 row = rows.get(worker_id)
-                if row is None:
-                    cur.execute(
-                        self._insert, (namespace, worker_id, owner, host, ttl_ms, horizon_ms)
-                    )
-                    return Lease(namespace, worker_id, owner, 0, horizon_ms, ttl, store_ms=now)
-                if row[1] == "" or int(row[2]) <= now:  # free, or its holder's lease expired
-                    floor = int(row[3])
-                    horizon = max(floor, horizon_ms)
-                    cur.execute(self._take, (owner, host, ttl_ms, horizon, namespace, worker_id))
-                    return Lease(namespace, worker_id, owner, floor, horizon, ttl, store_ms=now)
-            raise WorkersExhausted(namespace, workers)
+                return 0 if row is None else int(row[3])
+
+            free = (
+                w
+                for w in range(workers)
+                # never used, released, or its holder's lease expired
+                if (row := rows.get(w)) is None or row[1] == "" or int(row[2]) <= now
+            )
+            worker_id = pick_worker(free, floor, now_ms)
+            if worker_id is None:
+                raise WorkersExhausted(namespace, workers)
+            if worker_id not in rows:
+                cur.execute(self._insert, (namespace, worker_id, owner, host, ttl_ms, horizon_ms))
+                return Lease(namespace, worker_id, owner, 0, horizon_ms, ttl, store_ms=now)
+            horizon = max(floor(worker_id), horizon_ms)
+            cur.execute(self._take, (owner, host, ttl_ms, horizon, namespace, worker_id))
+            return Lease(namespace, worker_id, owner, floor(worker_id), horizon, ttl, store_ms=now)
 
         for attempt in range(ACQUIRE_ATTEMPTS):
             try:

@@ -8,6 +8,7 @@ is never served.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -103,11 +104,23 @@ class LeaseStore(Protocol):
 
     display_url: str
 
-    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
-        """Take the lowest worker id in [0, workers) that no live lease holds. The returned
-        lease's floor is the stored horizon of that id; its horizon is max(floor, horizon_ms),
-        recorded before returning. Sets `store_ms` where the store has a clock. Raises
-        WorkersExhausted."""
+    def acquire(
+        self,
+        namespace: str,
+        *,
+        workers: int,
+        ttl: float,
+        horizon_ms: int,
+        now_ms: int | None = None,
+    ) -> Lease:
+        """Take a worker id in [0, workers) that no live lease holds: the lowest whose stored
+        horizon is at most `now_ms` (the caller's clock: ids it can issue under at once), else
+        the lowest. The returned lease's floor is the stored horizon of that id; its horizon is
+        max(floor, horizon_ms), recorded before returning. Sets `store_ms` where the store has
+        a clock. Raises WorkersExhausted.
+
+        Preferring usable ids matters after a clock jumped forward: the ids its holders used
+        carry horizons in the future, and a holder with a correct clock would wait for them."""
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         """Extend the lease by its ttl and raise its horizon to `horizon_ms` (never lower it).
@@ -124,6 +137,23 @@ class LeaseStore(Protocol):
 
     def close(self) -> None:
         """Release connections (not the leases)."""
+
+
+def pick_worker(
+    free: Iterable[int], floor_ms: Callable[[int], int], now_ms: int | None, *, looks: int = 0
+) -> int | None:
+    """The worker id `acquire` takes among `free` (ascending): the first whose floor is at
+    most now_ms, else the first; None if there is none. With `looks`, at most that many
+    floors are read (for stores where each is a round trip)."""
+    first = None
+    for looked, worker_id in enumerate(free):
+        if first is None:
+            first = worker_id
+        if now_ms is None or (looks and looked >= looks):
+            break
+        if floor_ms(worker_id) <= now_ms:
+            return worker_id
+    return first
 
 
 class NoRangeStore:

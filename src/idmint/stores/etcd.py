@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import email.utils
+import functools
 import json
 import math
 import threading
@@ -31,7 +32,7 @@ import httpx
 
 from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhausted
 from ._sql_leases import holder_name
-from .base import Lease, WorkerInfo
+from .base import Lease, WorkerInfo, pick_worker
 
 ATTEMPTS = 100  # optimistic transactions lost in a row to concurrent writers: each lost one
 # means another writer won, so this bounds only pathological contention
@@ -83,6 +84,10 @@ def _horizon(kv: Json | None) -> tuple[int, str, str]:
         return 0, "", "0"
     ms, _, host = _unb64(kv.get("value", "")).partition(" ")
     return int(ms), host, str(kv["mod_revision"])
+
+
+def _stored_floor(horizons: dict[int, Json], worker_id: int) -> int:
+    return _horizon(horizons.get(worker_id))[0]
 
 
 class EtcdLeaseStore:
@@ -175,7 +180,15 @@ class EtcdLeaseStore:
 
     # -- LeaseStore --------------------------------------------------------------------------
 
-    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+    def acquire(
+        self,
+        namespace: str,
+        *,
+        workers: int,
+        ttl: float,
+        horizon_ms: int,
+        now_ms: int | None = None,
+    ) -> Lease:
         owner, host = uuid.uuid4().hex, holder_name()
         lease_keys, horizon_keys = self._keys(namespace)
         lease_id = ""
@@ -183,7 +196,11 @@ class EtcdLeaseStore:
         try:
             for _ in range(ATTEMPTS):
                 held, horizons = self._scanned(namespace, answer)
-                free = next((w for w in range(workers) if w not in held), None)
+                free = pick_worker(
+                    (w for w in range(workers) if w not in held),
+                    functools.partial(_stored_floor, horizons),
+                    now_ms,
+                )
                 if free is None:
                     raise WorkersExhausted(namespace, workers)
                 if not lease_id:

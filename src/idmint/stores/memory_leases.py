@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._errors import LeaseLost, WorkersExhausted
-from .base import Lease, WorkerInfo
+from .base import Lease, WorkerInfo, pick_worker
 
 
 @dataclass
@@ -29,19 +29,31 @@ class MemoryLeaseStore:
         self._slots: dict[tuple[str, int], _Slot] = {}
         self._lock = threading.Lock()
 
-    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+    def acquire(
+        self,
+        namespace: str,
+        *,
+        workers: int,
+        ttl: float,
+        horizon_ms: int,
+        now_ms: int | None = None,
+    ) -> Lease:
         with self._lock:
             now = self._clock()
-            for worker_id in range(workers):
-                slot = self._slots.setdefault((namespace, worker_id), _Slot())
-                if slot.owner and slot.expires > now:
-                    continue
-                floor = slot.horizon_ms
-                slot.owner, slot.expires = uuid.uuid4().hex, now + ttl
-                slot.horizon_ms = max(floor, horizon_ms)
-                slot.host = "memory"
-                return Lease(namespace, worker_id, slot.owner, floor, slot.horizon_ms, ttl)
-        raise WorkersExhausted(namespace, workers)
+
+            def slot(worker_id: int) -> _Slot:
+                return self._slots.setdefault((namespace, worker_id), _Slot())
+
+            free = (w for w in range(workers) if not slot(w).owner or slot(w).expires <= now)
+            worker_id = pick_worker(free, lambda w: slot(w).horizon_ms, now_ms)
+            if worker_id is None:
+                raise WorkersExhausted(namespace, workers)
+            taken = slot(worker_id)
+            floor = taken.horizon_ms
+            taken.owner, taken.expires = uuid.uuid4().hex, now + ttl
+            taken.horizon_ms = max(floor, horizon_ms)
+            taken.host = "memory"
+            return Lease(namespace, worker_id, taken.owner, floor, taken.horizon_ms, ttl)
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         with self._lock:

@@ -42,29 +42,39 @@ T = TypeVar("T")
 # Every script that answers reads the server's clock (TIME) last, after its writes: scripts
 # replicated as scripts (Redis before 7) may not write after a non-deterministic command.
 
-# ARGV: prefix, namespace, workers, owner, host, ttl_ms, horizon_ms.
+# ARGV: prefix, namespace, workers, owner, host, ttl_ms, horizon_ms, now_ms ("" for none).
+# Takes the lowest free id whose horizon is at most now_ms, else the lowest free id.
 # Returns {worker id, floor, horizon, TIME's seconds, TIME's microseconds}, or false when
-# every id is leased. Horizons stay strings:
-# Lua numbers are doubles that redis.call would format with %.14g, so a number is only ever
-# compared, never stored.
+# every id is leased. Horizons stay strings: Lua numbers are doubles that redis.call would
+# format with %.14g, so a number is only ever compared, never stored.
 _ACQUIRE = """
 local base = ARGV[1] .. ':'
 local ns = ARGV[2] .. ':'
 local wanted = ARGV[7]
+local now_ms = tonumber(ARGV[8])
+local chosen, first
 for id = 0, tonumber(ARGV[3]) - 1 do
-    local lease = base .. 'w:' .. ns .. id
-    if redis.call('EXISTS', lease) == 0 then
-        local hkey = base .. 'h:' .. ns .. id
-        local floor = redis.call('HGET', hkey, 'horizon') or '0'
-        local horizon = wanted
-        if tonumber(floor) > tonumber(wanted) then horizon = floor end
-        redis.call('SET', lease, ARGV[4], 'PX', ARGV[6])
-        redis.call('HSET', hkey, 'horizon', horizon, 'host', ARGV[5], 'owner', ARGV[4])
-        local now = redis.call('TIME')
-        return {id, floor, horizon, now[1], now[2]}
+    if redis.call('EXISTS', base .. 'w:' .. ns .. id) == 0 then
+        first = first or id
+        if now_ms == nil then break end
+        local floor = redis.call('HGET', base .. 'h:' .. ns .. id, 'horizon') or '0'
+        if tonumber(floor) <= now_ms then
+            chosen = id
+            break
+        end
     end
 end
-return false
+chosen = chosen or first
+if chosen == nil then return false end
+local lease = base .. 'w:' .. ns .. chosen
+local hkey = base .. 'h:' .. ns .. chosen
+local floor = redis.call('HGET', hkey, 'horizon') or '0'
+local horizon = wanted
+if tonumber(floor) > tonumber(wanted) then horizon = floor end
+redis.call('SET', lease, ARGV[4], 'PX', ARGV[6])
+redis.call('HSET', hkey, 'horizon', horizon, 'host', ARGV[5], 'owner', ARGV[4])
+local now = redis.call('TIME')
+return {chosen, floor, horizon, now[1], now[2]}
 """
 
 # KEYS: lease, horizon hash. ARGV: owner, ttl_ms, horizon_ms. Returns {horizon, TIME's
@@ -147,7 +157,15 @@ class RedisLeaseStore:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise StoreUnavailable(f"store {self.display_url} unavailable: {reason}") from exc
 
-    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+    def acquire(
+        self,
+        namespace: str,
+        *,
+        workers: int,
+        ttl: float,
+        horizon_ms: int,
+        now_ms: int | None = None,
+    ) -> Lease:
         owner = uuid.uuid4().hex
         args: list[str | int] = [
             self._prefix,
@@ -157,6 +175,7 @@ class RedisLeaseStore:
             _holder_name(),
             _ms(ttl),
             horizon_ms,
+            "" if now_ms is None else now_ms,
         ]
         got = self._call(lambda: self._acquire(args=args))
         if not got:

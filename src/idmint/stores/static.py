@@ -57,7 +57,15 @@ class StaticLeaseStore:
         except OSError as exc:
             raise StoreUnavailable(f"cannot write worker state {self.path}: {exc}") from exc
 
-    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
+    def acquire(
+        self,
+        namespace: str,
+        *,
+        workers: int,
+        ttl: float,
+        horizon_ms: int,
+        now_ms: int | None = None,  # one worker id: nothing to prefer
+    ) -> Lease:
         if self.worker_id >= workers:
             raise InvalidArgument(
                 f"worker id {self.worker_id} does not fit: the layout has {workers} worker ids"

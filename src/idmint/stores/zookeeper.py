@@ -25,6 +25,7 @@ ZooKeeper leader gave that write.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -37,9 +38,10 @@ from typing import Any
 from .._errors import DriverMissing, InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhausted
 from ..ids import check_key_name
 from ._sql_leases import holder_name
-from .base import Lease, WorkerInfo
+from .base import Lease, WorkerInfo, pick_worker
 
 DEFAULT_CHROOT = "/idmint"
+PREFERENCE_LOOKS = 32  # free ids whose horizon acquire reads (a round trip each) to prefer one
 SHARED_SESSION_TIMEOUT = 10.0  # seconds; the shared client holds no ephemeral nodes
 
 _HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?")
@@ -212,43 +214,62 @@ class ZooKeeperLeaseStore:
         tail = "" if worker_id is None else f"/{worker_id}"
         return f"{self._root}/w/{namespace}{tail}", f"{self._root}/h/{namespace}{tail}"
 
-    def acquire(self, namespace: str, *, workers: int, ttl: float, horizon_ms: int) -> Lease:
-        leases, _ = self._paths(namespace)
+    def acquire(
+        self,
+        namespace: str,
+        *,
+        workers: int,
+        ttl: float,
+        horizon_ms: int,
+        now_ms: int | None = None,
+    ) -> Lease:
+        leases, horizons = self._paths(namespace)
         owner = uuid.uuid4().hex
         session: _Session | None = None
         try:
             while True:
-                taken = set(self._shared().children(leases))
-                free = [i for i in range(workers) if str(i) not in taken]
-                if not free:
+                shared = self._shared()
+                taken = set(shared.children(leases))
+                hint = functools.partial(
+                    self._floor_hint, shared, horizons, set(shared.children(horizons))
+                )
+                free = (i for i in range(workers) if str(i) not in taken)
+                worker_id = pick_worker(free, hint, now_ms, looks=PREFERENCE_LOOKS)
+                if worker_id is None:
                     raise WorkersExhausted(namespace, workers)
                 if session is None:
                     session = self._session(ttl)
                 node = {"owner": owner, "host": holder_name(), "session": session.session_timeout}
-                for worker_id in free:
-                    try:
-                        session.create(
-                            f"{leases}/{worker_id}", json.dumps(node).encode(), ephemeral=True
-                        )
-                    except self._kz.node_exists:
-                        continue
-                    _, horizon_path = self._paths(namespace, worker_id)
-                    floor, horizon, written_ms = self._move_horizon(
-                        session, horizon_path, owner, horizon_ms, take=True
+                try:
+                    session.create(
+                        f"{leases}/{worker_id}", json.dumps(node).encode(), ephemeral=True
                     )
-                    held = _Held(session)
-                    with self._lock:
-                        self._held[owner] = held
-                    with held.lock:
-                        self._arm(owner, held, ttl)
-                    return Lease(
-                        namespace, worker_id, owner, floor, horizon, ttl, store_ms=written_ms
-                    )
-                # every id listed as free was taken meanwhile: list again
+                except self._kz.node_exists:
+                    continue  # taken meanwhile: list again
+                _, horizon_path = self._paths(namespace, worker_id)
+                floor, horizon, written_ms = self._move_horizon(
+                    session, horizon_path, owner, horizon_ms, take=True
+                )
+                held = _Held(session)
+                with self._lock:
+                    self._held[owner] = held
+                with held.lock:
+                    self._arm(owner, held, ttl)
+                return Lease(namespace, worker_id, owner, floor, horizon, ttl, store_ms=written_ms)
         except BaseException:
             if session is not None:
                 session.stop()
             raise
+
+    def _floor_hint(self, shared: _Session, horizons: str, listed: set[str], worker_id: int) -> int:
+        """A free worker id's stored horizon, to choose among free ids (the floor a lease gets
+        is read again after its lease node exists)."""
+        if str(worker_id) not in listed:
+            return 0
+        try:
+            return _parse_horizon(shared.get(f"{horizons}/{worker_id}")[0])[0]
+        except self._kz.no_node:
+            return 0
 
     def _move_horizon(
         self, session: _Session, path: str, owner: str, horizon_ms: int, *, take: bool

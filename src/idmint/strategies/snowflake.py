@@ -110,6 +110,7 @@ class LeaseKeeper:
             workers=self.workers,
             ttl=self.options.ttl,
             horizon_ms=sent_ms + int(self.options.ttl * 1000),
+            now_ms=sent_ms,  # prefer a worker id usable at once over the lowest one
         )
         self._measure(sent_ms, lease)
         with self._lock:
