@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -284,4 +285,15 @@ def test_after_a_jump_forward_a_restart_takes_a_worker_id_usable_now(tmp_path: P
     ids = corrected.next_ids(100)  # at once: no ClockMovedBackwards
     assert_unique([late, *ids])
     corrected.close()
+    store.close()
+
+
+def test_the_keeper_counts_on_the_ttl_the_store_granted(zookeeper_server: Any) -> None:
+    # The test ZooKeeper caps sessions at 20 s; a 60 s lease there ends 20 s after its holder
+    # is cut off, so the holder must stop (and renew) by 20 s, not 60.
+    store = open_lease_store(zookeeper_server.store_url("granted"))
+    with SnowflakeGenerator(store, options=SnowflakeOptions(ttl=60)) as gen:
+        gen.next_id()
+        assert gen._keeper.lease().ttl == 20.0
+        assert gen._keeper.deadline_in() <= 20.0
     store.close()

@@ -116,8 +116,9 @@ class LeaseStore(Protocol):
         """Take a worker id in [0, workers) that no live lease holds: the lowest whose stored
         horizon is at most `now_ms` (the caller's clock: ids it can issue under at once), else
         the lowest. The returned lease's floor is the stored horizon of that id; its horizon is
-        max(floor, horizon_ms), recorded before returning. Sets `store_ms` where the store has
-        a clock. Raises WorkersExhausted.
+        max(floor, horizon_ms), recorded before returning; its ttl is `ttl`, or shorter where
+        the store caps it (ZooKeeper's session timeout). Sets `store_ms` where the store has a
+        clock. Raises WorkersExhausted.
 
         Preferring usable ids matters after a clock jumped forward: the ids its holders used
         carry horizons in the future, and a holder with a correct clock would wait for them."""

@@ -16,7 +16,8 @@ alive while the process lives and reaches ZooKeeper; a process that dies or is c
 its leases when their sessions expire. A live process that stops renewing loses them too, as in
 the other stores: a timer closes a lease's session when `renew` has not been called for ttl
 seconds, which deletes the lease node at once. A lease whose session ended is lost for good:
-renew raises LeaseLost even if nobody has taken the id since. `close` stops only the store's
+renew raises LeaseLost even if nobody has taken the id since. A lease's ttl is the shorter of
+the ttl asked for and the negotiated session timeout. `close` stops only the store's
 shared client; open leases keep their sessions until released or until their ttl runs out.
 
 The store's clock that a lease reports is the horizon node's mtime after a write: the time the
@@ -250,6 +251,9 @@ class ZooKeeperLeaseStore:
                 floor, horizon, written_ms = self._move_horizon(
                     session, horizon_path, owner, horizon_ms, take=True
                 )
+                # The session may be shorter than asked (the server caps it, at 20 s by
+                # default), and it ends the lease: the holder must count on the shorter one.
+                ttl = min(ttl, session.session_timeout)
                 held = _Held(session)
                 with self._lock:
                     self._held[owner] = held

@@ -168,8 +168,9 @@ class LeaseKeeper:
             return self._deadline - time.monotonic()
 
     def _run(self) -> None:
-        every = self.options.ttl / 3
-        while not self._stop.wait(every):
+        # A store may grant a shorter ttl than asked (ZooKeeper caps its sessions): renew by
+        # the lease's own.
+        while not self._stop.wait((self._lease or self.options).ttl / 3):
             try:
                 if self._lease is None:
                     self._acquire()
