@@ -231,9 +231,9 @@ class ZooKeeperLeaseStore:
             while True:
                 shared = self._shared()
                 taken = set(shared.children(leases))
-                hint = functools.partial(
-                    self._floor_hint, shared, horizons, set(shared.children(horizons))
-                )
+                # the horizons are read only when there is a clock to compare them with
+                listed = set(shared.children(horizons)) if now_ms is not None else set()
+                hint = functools.partial(self._floor_hint, shared, horizons, listed)
                 free = (i for i in range(workers) if str(i) not in taken)
                 worker_id = pick_worker(free, hint, now_ms, looks=PREFERENCE_LOOKS)
                 if worker_id is None:
