@@ -82,6 +82,21 @@ def test_operations_routes(idmint_server: ServerProcess) -> None:
     assert 'src="http' not in page.text and 'href="http' not in page.text  # served offline
 
 
+def test_the_rate_is_ready_at_the_first_read(idmint_server: ServerProcess) -> None:
+    # The server samples every key's issued count once a second on its own, so the very first
+    # read of /v1/stats already has a rate (it used to sample only when read: 0/s at first).
+    url = idmint_server.url
+    add_key(idmint_server, "busy", start=1)
+    with httpx.Client(base_url=url) as http:
+        deadline = time.monotonic() + 2.5
+        drawn = 0
+        while time.monotonic() < deadline:
+            drawn += len(http.get("/v1/keys/busy/ids", params={"count": 1000}).json()["ids"])
+        [busy] = http.get("/v1/stats").json()["keys"]
+    rate = busy["generator"]["rate_per_s"]
+    assert 0 < rate <= drawn, (rate, drawn)
+
+
 BAD_REQUESTS = [
     ("GET", "/v1/keys/k/ids?count=0", 400),
     ("GET", "/v1/keys/k/ids?count=-5", 400),

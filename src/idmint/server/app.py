@@ -42,7 +42,7 @@ from ..layout import layout_named
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
-from .metrics import Counters, KeySnapshot, RateMeter, render_prometheus
+from .metrics import RATE_WINDOW, Counters, KeySnapshot, RateMeter, render_prometheus
 from .openapi import openapi_document
 
 log = logging.getLogger("idmint.server")
@@ -149,6 +149,7 @@ class App:
         self._gens: dict[str, SegmentGenerator] = {}
         self._missing: dict[str, float] = {}
         self._rates: dict[str, RateMeter] = {}
+        self._stopped = threading.Event()
         self._dashboard: str | None = None
         self._flake: SnowflakeGenerator | None = None
         self._flake_lock = asyncio.Lock()
@@ -185,6 +186,7 @@ class App:
         self.minter  # noqa: B018 - a bad store URL fails the start, not the first request
         log.info("idmint %s serving %s (pid %d)", __version__, self.minter.url, os.getpid())
         threading.Thread(target=self._warm_up, name="idmint-warm-up", daemon=True).start()
+        threading.Thread(target=self._sample_rates, name="idmint-rates", daemon=True).start()
 
     def _warm_up(self) -> None:
         """Start every key's generator, as Leaf loads every tag at start, so the first requests
@@ -199,9 +201,18 @@ class App:
                 return
             self._gens.setdefault(key.name, self.minter.segment(key.name))
 
+    def _sample_rates(self) -> None:
+        """Sample every generator's issued count once a RATE_WINDOW, so the rates are ready at
+        the first read and do not depend on how often, or by how many, they are read."""
+        while not self._stopped.wait(RATE_WINDOW):
+            now = time.monotonic()
+            for name, gen in list(self._gens.items()):
+                self._rates.setdefault(name, RateMeter()).update(gen.stats().issued, now)
+
     def shutdown(self) -> None:
         """Stop being ready and give every unused tail back to the store."""
         self.shutting_down = True
+        self._stopped.set()
         if self._minter is None:
             return
         generators = self._minter.generators()
@@ -531,14 +542,12 @@ class App:
 
     async def _snapshots(self) -> list[KeySnapshot]:
         keys = await asyncio.to_thread(self.minter.keys)
-        now = time.monotonic()
         out = []
         for k in keys:
             gen = self._gens.get(k.name)
             stats = gen.stats() if gen is not None else None
-            rate = 0.0
-            if stats is not None:
-                rate = self._rates.setdefault(k.name, RateMeter()).update(stats.issued, now)
+            meter = self._rates.get(k.name)
+            rate = meter.rate if meter is not None and stats is not None else 0.0
             out.append(KeySnapshot(k, stats, rate, self.counters.ranges_handed.get(k.name, 0)))
         return out
 

@@ -11,23 +11,22 @@ from typing import Any
 from ..ids import Key
 from ..strategies.segment import SegmentStats
 
-RATE_WINDOW = 1.0  # seconds between rate samples
+RATE_WINDOW = 1.0  # seconds between two samples of every key's issued count
 
 
 @dataclass
 class RateMeter:
-    """Ids per second of one key, from the issued counter sampled at most once a window."""
+    """Ids per second of one key, between the last two samples of its issued counter (the
+    server takes one every RATE_WINDOW, on its own thread, whoever reads the rate)."""
 
     at: float = 0.0
     issued: int = 0
     rate: float = 0.0
 
     def update(self, issued: int, now: float) -> float:
-        if self.at == 0.0:
-            self.at, self.issued = now, issued
-        elif now - self.at >= RATE_WINDOW:
+        if self.at and now > self.at:
             self.rate = max(0.0, (issued - self.issued) / (now - self.at))
-            self.at, self.issued = now, issued
+        self.at, self.issued = now, issued
         return self.rate
 
 
