@@ -2,6 +2,7 @@
 
     python bench/snowflake.py --json
     python bench/snowflake.py --json --store postgresql://... --store redis://...
+    python bench/snowflake.py --json --test-servers   # starts the test suite's servers
 
 Figures:
   ids_per_s         next_id() in one thread, twitter layout, only real ids counted
@@ -14,11 +15,13 @@ Figures:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +68,54 @@ def acquire_ms(url: str, rounds: int) -> float:
     return statistics.median(samples)
 
 
+@contextlib.contextmanager
+def test_servers() -> Iterator[list[str]]:
+    """Start the test suite's PostgreSQL, MariaDB, Redis, etcd and ZooKeeper (tests/), from the
+    installed binaries, and yield a fresh lease-store URL on each; stop them afterwards."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from server_etcd import EtcdServer
+    from server_redis import RedisServer
+    from server_zookeeper import ZooKeeperServer
+
+    from servers import MariaDBServer, PostgresServer
+
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for sql in (PostgresServer(), MariaDBServer()):
+            sql.start()
+            stack.callback(sql.close)
+            urls.append(sql.create_database("bench_snowflake"))
+        for kv in (RedisServer(), EtcdServer(), ZooKeeperServer()):
+            kv.start()
+            stack.callback(kv.close)
+            urls.append(kv.store_url("bench_snowflake"))
+        yield urls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3, help="best of N")
     parser.add_argument("--store", action="append", default=[], help="also time acquire here")
+    parser.add_argument(
+        "--test-servers",
+        action="store_true",
+        help="also time acquire on the test suite's servers, started for the run",
+    )
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        if args.test_servers:
+            args.store += stack.enter_context(test_servers())
+        result = run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for name, value in result.items():
+            print(f"{name:22} {value}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         sqlite = f"sqlite:///{Path(tmp) / 'bench.db'}"
         gen = SnowflakeGenerator(open_lease_store(sqlite), TWITTER)
@@ -94,11 +138,7 @@ def main() -> None:
         for url in [sqlite, *args.store]:
             scheme = url.split("://", 1)[0]
             result[f"acquire_ms_{scheme}"] = round(acquire_ms(url, 50), 3)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for name, value in result.items():
-            print(f"{name:22} {value}")
+    return result
 
 
 if __name__ == "__main__":
