@@ -23,11 +23,10 @@ class RateMeter:
     issued: int = 0
     rate: float = 0.0
 
-    def update(self, issued: int, now: float) -> float:
+    def update(self, issued: int, now: float) -> None:
         if self.at and now > self.at:
             self.rate = max(0.0, (issued - self.issued) / (now - self.at))
         self.at, self.issued = now, issued
-        return self.rate
 
 
 @dataclass

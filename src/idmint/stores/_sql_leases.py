@@ -110,9 +110,10 @@ class SqlLeaseStore(SqlConnection):
             if worker_id not in rows:
                 cur.execute(self._insert, (namespace, worker_id, owner, host, ttl_ms, horizon_ms))
                 return Lease(namespace, worker_id, owner, 0, horizon_ms, ttl, store_ms=now)
-            horizon = max(floor(worker_id), horizon_ms)
+            floor_ms = floor(worker_id)
+            horizon = max(floor_ms, horizon_ms)
             cur.execute(self._take, (owner, host, ttl_ms, horizon, namespace, worker_id))
-            return Lease(namespace, worker_id, owner, floor(worker_id), horizon, ttl, store_ms=now)
+            return Lease(namespace, worker_id, owner, floor_ms, horizon, ttl, store_ms=now)
 
         for attempt in range(ACQUIRE_ATTEMPTS):
             try:

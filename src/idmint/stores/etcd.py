@@ -34,6 +34,7 @@ from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhau
 from ._sql_leases import holder_name
 from .base import Lease, WorkerInfo, pick_worker
 
+DATE_STEP_MS = 1000  # an HTTP Date header counts whole seconds
 ATTEMPTS = 100  # optimistic transactions lost in a row to concurrent writers: each lost one
 # means another writer won, so this bounds only pathological contention
 
@@ -218,7 +219,16 @@ class EtcdLeaseStore:
                     with self._lock:
                         self._leases[owner] = lease_id
                     lease_id = ""
-                    return Lease(namespace, free, owner, floor, horizon, ttl, **self._clock())
+                    return Lease(
+                        namespace,
+                        free,
+                        owner,
+                        floor,
+                        horizon,
+                        ttl,
+                        store_ms=self._last_date_ms(),
+                        store_ms_step=DATE_STEP_MS,
+                    )
         except _EtcdError as exc:
             raise self._unavailable(str(exc)) from None
         finally:
@@ -254,11 +264,17 @@ class EtcdLeaseStore:
                 break
         else:
             raise self._unavailable(f"{ATTEMPTS} concurrent writers in a row moved the horizon")
-        return replace(lease, horizon_ms=horizon, **self._clock())
+        return replace(
+            lease,
+            horizon_ms=horizon,
+            store_ms=self._last_date_ms(),
+            store_ms_step=DATE_STEP_MS,
+        )
 
-    def _clock(self) -> dict[str, Any]:
-        """The store's clock as a Lease takes it: the Date of this thread's last answer."""
-        return {"store_ms": getattr(self._answered, "date_ms", None), "store_ms_step": 1000}
+    def _last_date_ms(self) -> int | None:
+        """The store's clock: the Date of this thread's last answer."""
+        date_ms: int | None = getattr(self._answered, "date_ms", None)
+        return date_ms
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         lease_keys, horizon_keys = self._keys(lease.namespace)

@@ -231,9 +231,7 @@ class ZooKeeperLeaseStore:
             while True:
                 shared = self._shared()
                 taken = set(shared.children(leases))
-                # the horizons are read only when there is a clock to compare them with
-                listed = set(shared.children(horizons)) if now_ms is not None else set()
-                hint = functools.partial(self._floor_hint, shared, horizons, listed)
+                hint = functools.partial(self._floor_hint, shared, horizons)
                 free = (i for i in range(workers) if str(i) not in taken)
                 worker_id = pick_worker(free, hint, now_ms, looks=PREFERENCE_LOOKS)
                 if worker_id is None:
@@ -265,11 +263,9 @@ class ZooKeeperLeaseStore:
                 session.stop()
             raise
 
-    def _floor_hint(self, shared: _Session, horizons: str, listed: set[str], worker_id: int) -> int:
-        """A free worker id's stored horizon, to choose among free ids (the floor a lease gets
-        is read again after its lease node exists)."""
-        if str(worker_id) not in listed:
-            return 0
+    def _floor_hint(self, shared: _Session, horizons: str, worker_id: int) -> int:
+        """A free worker id's stored horizon (0 if it has none), to choose among free ids; the
+        floor a lease gets is read again after its lease node exists."""
         try:
             return _parse_horizon(shared.get(f"{horizons}/{worker_id}")[0])[0]
         except self._kz.no_node:
