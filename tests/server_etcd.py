@@ -18,13 +18,13 @@ from pathlib import Path
 
 import httpx
 
-from servers import ServerStartError, free_port, wait_until
+from servers import Pausable, ServerStartError, free_port, wait_until
 
 ETCD = os.environ.get("IDMINT_ETCD", "/usr/bin/etcd")
 LOOPBACK = "127.0.0.1"
 
 
-class EtcdServer:
+class EtcdServer(Pausable):
     """One etcd member; ``store_url(name)`` is an etcd:// URL with its own key prefix."""
 
     def __init__(self, *, startup_timeout: float = 20.0) -> None:
@@ -84,6 +84,7 @@ class EtcdServer:
             return False
 
     def stop(self) -> None:
+        self.resume()  # a paused server cannot act on the signal
         proc, self._proc = self._proc, None
         if proc is None:
             return

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import redis
 
-from servers import LOOPBACK, ServerStartError, free_port, wait_until
+from servers import LOOPBACK, Pausable, ServerStartError, free_port, wait_until
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
 
-class RedisServer:
+class RedisServer(Pausable):
     """`start`, `stop`, `restart` (same port and data), `kill` (SIGKILL), `close`."""
 
     def __init__(self, startup_timeout: float = 20.0) -> None:
@@ -74,6 +74,7 @@ class RedisServer:
 
     def stop(self) -> None:
         """SIGTERM: redis-server flushes the append-only file and exits."""
+        self.resume()  # a paused server cannot act on the signal
         proc, self._proc = self._proc, None
         if proc is None:
             return

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from servers import ServerStartError, free_port, wait_until
+from servers import Pausable, ServerStartError, free_port, wait_until
 
 __all__ = ["ZooKeeperServer", "find_classpath"]
 
@@ -47,7 +47,7 @@ def find_classpath() -> str:
     return ":".join(jars)
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(Pausable):
     """A private standalone ZooKeeper on 127.0.0.1; stores get a fresh chroot each."""
 
     def __init__(self, *, port: int | None = None, startup_timeout: float = 30.0) -> None:
@@ -133,6 +133,7 @@ class ZooKeeperServer:
             ) from exc
 
     def _signal_and_wait(self, sig: signal.Signals, timeout: float) -> None:
+        self.resume()  # a paused server cannot act on the signal
         proc, self._proc = self._proc, None
         if proc is None:
             return

@@ -14,7 +14,7 @@ Typical use::
         pg.start()                       # crash recovery, same port
 
 Public API: ``free_port()``, ``wait_until()``, ``PostgresServer``,
-``MariaDBServer`` (``start``, ``stop``, ``restart``, ``kill``, ``close``,
+``MariaDBServer`` (``start``, ``stop``, ``restart``, ``kill``, ``pause``, ``resume``, ``close``,
 ``is_running``, ``url``, ``create_database``, ``port``, ``pid``,
 ``base_dir``, ``data_dir``, ``log_path``) and ``ServerStartError``.
 
@@ -55,6 +55,7 @@ from psycopg import sql
 
 __all__ = [
     "MariaDBServer",
+    "Pausable",
     "PostgresServer",
     "ServerStartError",
     "find_mariadb_binaries",
@@ -257,6 +258,25 @@ def _find_executable(*names: str) -> str | None:
         if found:
             return found
     return None
+
+
+class Pausable:
+    """pause() and resume() for a server that is one process group (Redis, etcd, ZooKeeper)."""
+
+    _proc: subprocess.Popen[bytes] | None
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _killpg(proc.pid, sig)
+
+    def pause(self) -> None:
+        """SIGSTOP: a hung store whose sockets stay open."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after pause(). stop() and kill() resume a paused server first."""
+        self._signal_group(signal.SIGCONT)
 
 
 # --------------------------------------------------------------------------
@@ -481,6 +501,8 @@ class _Server:
                 self._log_marker("stopping")
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(self._stop_signal)
+                for pid in self._all_pids():  # a paused server must wake up to stop
+                    _signal(pid, signal.SIGCONT)
                 try:
                     proc.wait(timeout=self.stop_timeout)
                 except subprocess.TimeoutExpired:
@@ -509,6 +531,26 @@ class _Server:
             if proc.poll() is None:
                 self._log_marker("sending SIGKILL")
             self._finish_dead(proc)
+
+    def pause(self) -> None:
+        """SIGSTOP every process of the server: a hung store, its sockets still open. Clients
+        connect (the kernel completes the handshake) and then wait for answers that never come.
+        """
+        with self._lock:
+            for pid in self._all_pids():
+                _signal(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after pause()."""
+        with self._lock:
+            for pid in self._all_pids():
+                _signal(pid, signal.SIGCONT)
+
+    def _all_pids(self) -> set[int]:
+        pids = _server_pids(self.data_dir)
+        if self.pid is not None:
+            pids.add(self.pid)
+        return pids
 
     def close(self) -> None:
         """Stop the server and delete its temporary directory."""

@@ -63,7 +63,8 @@ def _zombie(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True
-    return stat[stat.rfind(")") + 2] == "Z"
+    # Z: a zombie; X/x: dead and being reaped. Both hold nothing.
+    return stat[stat.rfind(")") + 2] in "ZXx"
 
 
 # ---------------------------------------------------------------- generic
