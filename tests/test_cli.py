@@ -182,12 +182,12 @@ def test_snowflake_decode_and_workers(capsys: pytest.CaptureFixture[str], url: s
     code, out, _ = run(capsys, "decode", "1861905812123455488")
     assert "worker 425" in out and "2024-11-27" in out
     code, out, _ = run(capsys, "workers", "list", "--store", url)
-    assert code == 0 and out.splitlines()[1].split()[:3] == ["0", "-", "free"]
+    assert code == 0 and out.splitlines()[1].split()[:4] == ["0", "leased", "-", "free"]
     for bad, message in (
         (["decode", "x1"], "not an id"),
         (["snowflake", "-n", "0"], "count"),
         (["snowflake", "--layout", "nope"], "unknown layout"),
-        (["snowflake", "--worker-id", "3"], "state file"),
+        (["snowflake", "--state", "w.json"], "static worker id"),
     ):
         code, out, err = (
             run(capsys, *bad, "--store", url) if bad[0] != "decode" else run(capsys, *bad)

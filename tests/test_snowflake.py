@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idmint import ClockMovedBackwards, LeaseLost, WorkersExhausted
+from idmint import ClockMovedBackwards, LeaseLost, WorkerInUse, WorkersExhausted
 from idmint.layout import JS53, LAYOUTS, SONYFLAKE, TWITTER, Layout
 from idmint.stores import open_lease_store
 from idmint.stores.base import LeaseStore
@@ -255,7 +255,7 @@ def test_static_worker_keeps_its_horizon_across_a_step_back(tmp_path: Path) -> N
     gen._keeper._stop.set()
     gen._closed = True  # dies without a release: its horizon stays at now + ttl, locked
     store = StaticLeaseStore(7, state)
-    with pytest.raises(ValueError, match="in use"):
+    with pytest.raises(WorkerInUse, match="held by another process"):
         store.acquire("default", workers=1024, ttl=10, horizon_ms=START_MS)
     gen._keeper.store._file.close()  # type: ignore[attr-defined]
     stepped_back = FakeClock(START_MS - 60_000)  # restarted with the clock a minute back
@@ -277,10 +277,14 @@ def test_after_a_jump_forward_a_restart_takes_a_worker_id_usable_now(tmp_path: P
     # ahead: it issued there). After the clock is corrected, a new generator must not sit on
     # that worker id for an hour: it takes a free one it can use at once.
     store = open_lease_store(f"sqlite:///{tmp_path / 'jump.db'}")
-    jumped = make(FakeClock(START_MS + 3_600_000), store)
+    identity = store.identity()
+    assert identity is not None and identity.created_ms is not None
+    # A real store's clock: the right time is past the new store's first ttl (its quarantine).
+    right = identity.created_ms + 11_000
+    jumped = make(FakeClock(right + 3_600_000), store)
     late = jumped.next_id()
     jumped.close()
-    corrected = make(FakeClock(START_MS), store)
+    corrected = make(FakeClock(right), store)
     assert corrected.worker_id == 1
     ids = corrected.next_ids(100)  # at once: no ClockMovedBackwards
     assert_unique([late, *ids])
@@ -293,7 +297,6 @@ def test_the_keeper_counts_on_the_ttl_the_store_granted(zookeeper_server: Any) -
     # is cut off, so the holder must stop (and renew) by 20 s, not 60.
     store = open_lease_store(zookeeper_server.store_url("granted"))
     with SnowflakeGenerator(store, options=SnowflakeOptions(ttl=60)) as gen:
-        gen.next_id()
         assert gen._keeper.lease().ttl == 20.0
         assert gen._keeper.deadline_in() <= 20.0
     store.close()

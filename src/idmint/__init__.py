@@ -22,6 +22,7 @@ from ._errors import (
     KeyNotFound,
     LeaseLost,
     StoreUnavailable,
+    WorkerInUse,
     WorkersExhausted,
 )
 from ._minter import Minter, connect
@@ -67,6 +68,7 @@ __all__ = [
     "SegmentOptions",
     "SegmentStats",
     "StoreUnavailable",
+    "WorkerInUse",
     "WorkersExhausted",
     "__version__",
     "connect",

@@ -8,6 +8,7 @@
      ├── Exhausted              a bounded key has no ids left
      ├── StoreUnavailable       the store cannot be reached or did not answer in time; transient
      ├── WorkersExhausted       every worker id of a namespace is leased
+     ├── WorkerInUse            a static worker id is held by another live process
      ├── LeaseLost              a snowflake generator's worker lease lapsed: it stopped issuing
      ├── ClockMovedBackwards    the clock stepped back further than the generator waits out
      └── Closed                 the generator or minter was closed
@@ -71,6 +72,19 @@ class WorkersExhausted(IdmintError):
         )
         self.namespace = namespace
         self.workers = workers
+
+
+class WorkerInUse(IdmintError):
+    """A static worker id was claimed while another process holds it."""
+
+    def __init__(self, namespace: str, worker_id: int, holder: str, expires_in: float | None):
+        until = f" for {expires_in:.1f} s more" if expires_in is not None else ""
+        who = holder or "another process"
+        super().__init__(
+            f"worker id {worker_id} of namespace {namespace!r} is held by {who}{until}: "
+            "a static worker id has one holder at a time; give each process its own"
+        )
+        self.namespace, self.worker_id, self.holder = namespace, worker_id, holder
 
 
 class LeaseLost(IdmintError):

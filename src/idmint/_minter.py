@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from ._errors import Closed, InvalidArgument
+from ._fork import ForkAware
 from .ids import (
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
@@ -17,13 +19,18 @@ from .ids import (
 )
 from .layout import Layout
 from .stores import DEFAULT_TIMEOUT, open_lease_store, open_store
-from .stores.base import LeaseStore, NoRangeStore, RangeStore
-from .stores.static import StaticLeaseStore
+from .stores.base import LeaseStore, NoRangeStore, RangeStore, StoreIdentity
+from .stores.static import StateFileLeases, StaticLeaseStore
 from .strategies.segment import SegmentGenerator, SegmentOptions
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
+log = logging.getLogger("idmint")
 
-class Minter:
+#: Seconds Minter.close() waits for generators to give their ranges back.
+CLOSE_TIMEOUT = 10.0
+
+
+class Minter(ForkAware):
     """Keys and id generators on one store. Thread-safe; close it (or use `with`) when done.
 
     with idmint.connect("postgresql://app@db/app") as minter:
@@ -46,6 +53,11 @@ class Minter:
         self._snowflakes: list[SnowflakeGenerator] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # Generators and stores reset themselves; only the lock may be the parent's.
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -55,6 +67,13 @@ class Minter:
     def init(self) -> None:
         """Create the store's schema if it is missing (it is also created on first use)."""
         self.store.init()
+
+    def identity(self) -> StoreIdentity | None:
+        """The store's identity (made on first use): servers show it, clients compare it."""
+        identity = self.store.identity()
+        if identity is None and self.lease_store is not None:
+            identity = self.lease_store.identity()
+        return identity
 
     def add_key(
         self,
@@ -115,21 +134,35 @@ class Minter:
         worker_id: int | None = None,
         state: str | None = None,
     ) -> SnowflakeGenerator:
-        """A snowflake generator with a worker id leased from the store (or, with `worker_id`
-        and `state`, a static worker id fenced by a local state file). Close it to release the
-        worker id."""
-        if worker_id is not None:
-            if not state:
-                raise InvalidArgument("a static worker id needs a state file (state=PATH)")
-            store: LeaseStore = StaticLeaseStore(worker_id, state)
+        """A snowflake generator with a worker id leased from the store. Close it to release
+        the worker id.
+
+        `worker_id=N` claims that worker id statically: the store reserves it (it never leases
+        it to anyone else from then on) and refuses a second holder with WorkerInUse. With
+        `state=PATH` too, a local state file also keeps this worker's horizon (it outlives a
+        store that loses its data); a minter without a lease store fences a static worker id
+        by the state file alone, which cannot see other hosts."""
+        store: LeaseStore
+        if worker_id is None:
+            if state:
+                raise InvalidArgument("a state file is for a static worker id (worker_id=N)")
+            if self.lease_store is None:
+                raise InvalidArgument(f"store {self.url} keeps no worker leases")
+            store = self.lease_store
+        elif state:
+            local = StaticLeaseStore(worker_id, state)
+            store = local if self.lease_store is None else StateFileLeases(self.lease_store, local)
         elif self.lease_store is None:
-            raise InvalidArgument(f"store {self.url} keeps no worker leases")
+            raise InvalidArgument(
+                f"store {self.url} keeps no worker leases: a static worker id needs a state "
+                "file (state=PATH)"
+            )
         else:
             store = self.lease_store
         with self._lock:
             if self._closed:
                 raise Closed("the minter is closed")
-        gen = SnowflakeGenerator(store, layout, options)
+        gen = SnowflakeGenerator(store, layout, options, worker_id=worker_id)
         with self._lock:
             self._snowflakes.append(gen)
         return gen
@@ -139,19 +172,45 @@ class Minter:
         with self._lock:
             return list(self._segments.values())
 
-    def close(self) -> None:
-        """Close every generator (giving unused tails back), then the store."""
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> list[tuple[str, Range]]:
+        """Close every generator (giving unused tails back), then the store, within `timeout`
+        seconds whatever the store does. Returns the (key, range) pairs that did not go back:
+        those ids are skipped, never reused. A store that does not answer in time leaves the
+        rest skipped too, and the log says so."""
         with self._lock:
             self._closed = True
             generators, self._segments = list(self._segments.values()), {}
             flakes, self._snowflakes = self._snowflakes, []
-        for gen in generators:
-            gen.close()
-        for flake in flakes:
-            flake.close()
+        kept: list[tuple[str, Range]] = []
+
+        def finish() -> None:
+            for gen in generators:
+                kept.extend((gen.key, r) for r in gen.close())
+            for flake in flakes:
+                flake.close()
+
+        # On a thread: a hung store (socket open, no answer) must not hang the caller, and a
+        # thread stuck in a driver call cannot be interrupted, only left behind.
+        closer = threading.Thread(target=finish, name="idmint-close", daemon=True)
+        closer.start()
+        closer.join(timeout)
+        if closer.is_alive():
+            log.warning(
+                "store %s did not answer within %g s while closing: the unused ids of %d "
+                "generators that were still closing are skipped, never reused",
+                self.url,
+                timeout,
+                len(generators) + len(flakes),
+            )
+        elif kept:
+            log.info(
+                "closed; not given back (skipped, never reused): %s",
+                ", ".join(f"{key} [{r.start}, {r.stop})" for key, r in kept[:10]),
+            )
         self.store.close()
         if self.lease_store is not None:
             self.lease_store.close()
+        return list(kept)
 
     def __enter__(self) -> Minter:
         return self

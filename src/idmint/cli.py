@@ -97,7 +97,13 @@ def init(ctx: click.Context) -> None:
     """Create the store's table (it is also created on first use)."""
     with _minter(ctx) as minter:
         minter.init()
-        click.echo(f"initialised {minter.url}")
+        identity = minter.identity()
+        made = ""
+        if identity is not None and identity.created_ms:
+            made = f", made {_iso(identity.created_ms)}"
+        click.echo(
+            f"initialised {minter.url}" + (f" (store {identity.id}{made})" if identity else "")
+        )
 
 
 @cli.group()
@@ -292,8 +298,17 @@ def serve(
     show_default=True,
     help="The worker ids' namespace in the store.",
 )
-@click.option("--worker-id", type=int, help="A static worker id instead of a lease.")
-@click.option("--state", help="The static worker's state file (needed with --worker-id).")
+@click.option(
+    "--worker-id",
+    type=int,
+    help="Claim this worker id statically instead of leasing one: the store reserves it for "
+    "static holders and refuses a second one.",
+)
+@click.option(
+    "--state",
+    help="With --worker-id: a local file that also keeps the worker's horizon (it outlives a "
+    "store that loses its data).",
+)
 @click.option(
     "-v",
     "--verbose",
@@ -374,23 +389,44 @@ def workers() -> None:
 @click.pass_context
 def workers_list(ctx: click.Context, namespace: str) -> None:
     """Who holds which worker id, until when, and each id's horizon."""
-    from datetime import UTC, datetime
-
     with _minter(ctx) as minter:
         if minter.lease_store is None:
             raise InvalidArgument(f"store {minter.url} keeps no worker leases")
         rows = minter.lease_store.holders(namespace)
-    click.echo("WORKER  HOLDER                          EXPIRES_IN  HORIZON")
+    click.echo("WORKER  KIND    HOLDER                          EXPIRES_IN  HORIZON")
     for row in rows:
         live = row.owner and row.expires_in is not None and row.expires_in > 0
         holder = row.host if live else "-"
         left = f"{row.expires_in:.1f}s" if live and row.expires_in is not None else "free"
-        horizon = (
-            datetime.fromtimestamp(row.horizon_ms / 1000, UTC).isoformat(timespec="milliseconds")
-            if row.horizon_ms
-            else "-"
-        )
-        click.echo(f"{row.worker_id:<7} {holder:<31} {left:<11} {horizon}")
+        horizon = _iso(row.horizon_ms) if row.horizon_ms else "-"
+        kind = "static" if row.static else "leased"
+        click.echo(f"{row.worker_id:<7} {kind:<7} {holder:<31} {left:<11} {horizon}")
+
+
+@workers.command("unreserve")
+@store_options
+@click.argument("worker_id", type=click.IntRange(min=0))
+@click.option("--namespace", default="default", show_default=True)
+@click.pass_context
+def workers_unreserve(ctx: click.Context, worker_id: int, namespace: str) -> None:
+    """Let the store lease WORKER_ID again after a static holder claimed it.
+
+    Its horizon stays, so whoever takes it next still starts above every id issued under it.
+    """
+    with _minter(ctx) as minter:
+        if minter.lease_store is None:
+            raise InvalidArgument(f"store {minter.url} keeps no worker leases")
+        freed = minter.lease_store.unreserve(namespace, worker_id)
+    if freed:
+        click.echo(f"worker {worker_id} of namespace {namespace!r} can be leased again")
+    else:
+        click.echo(f"worker {worker_id} of namespace {namespace!r} was not reserved")
+
+
+def _iso(unix_ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(unix_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 def _when(key: Key) -> str:

@@ -11,11 +11,16 @@ does not answer or answers 5xx is skipped until the others fail too.
 
 `AsyncClient` shares all of it: its hot path is the same non-blocking call, and only a caller
 that finds nothing buffered waits, on a thread.
+
+Every server names its store's identity in an `idmint-store` header. Servers on two different
+stores hand out the same ids, so a client refuses a list that spans two stores: it checks every
+server it can reach before its first range, and every answer after that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -30,13 +35,16 @@ from ._errors import (
     KeyNotFound,
     StoreUnavailable,
 )
+from ._fork import ForkAware, orphan
 from .ids import Allocation, Key, Range, check_count, check_key_name
+from .stores.base import StoreIdentity
 from .strategies.segment import SegmentGenerator, SegmentOptions
 
 DEFAULT_TIMEOUT = 2.0
+STORE_HEADER = "idmint-store"  # the store identity a server answers with (StoreIdentity.id)
 
 
-class HttpRangeStore:
+class HttpRangeStore(ForkAware):
     """A RangeStore backed by idmint servers, with failover between them."""
 
     def __init__(
@@ -56,13 +64,55 @@ class HttpRangeStore:
         self.urls = [u.rstrip("/") for u in self.urls]
         self.display_url = ",".join(self.urls)
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+        self._new_http = functools.partial(
+            httpx.Client, timeout=timeout, headers=headers, transport=transport
+        )
+        self._http = self._new_http()
         self._preferred = 0
         self._lock = threading.Lock()
+        self._store_id: str | None = None  # the one store every server must be on
+        self._store_server = ""
+        self._surveyed = False
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # The parent's pooled connections are not the child's.
+        orphan(self._http)
+        self._http = self._new_http()
+        self._lock = threading.Lock()
+
+    def _check_store(self, server: str, response: httpx.Response) -> None:
+        """Raise if `server` answers for another store than the servers before it."""
+        store_id = response.headers.get(STORE_HEADER)
+        if not store_id:
+            return  # a server that has not reached its store yet: nothing to compare
+        with self._lock:
+            if self._store_id is None:
+                self._store_id, self._store_server = store_id, server
+                return
+            known, first = self._store_id, self._store_server
+        if store_id != known:
+            raise InvalidArgument(
+                f"servers {first} and {server} serve different stores ({known} and "
+                f"{store_id}): they would hand out the same ids; a client's servers must all "
+                "share one store"
+            )
+
+    def _survey(self) -> None:
+        """Before the first range: ask every server which store it serves (those that do not
+        answer are checked when they first do)."""
+        for url in self.urls:
+            try:
+                response = self._http.get(url + "/livez")
+            except httpx.HTTPError:
+                continue
+            self._check_store(url, response)
+        self._surveyed = True
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send to the preferred server, failing over to the others on a connection error or
         a 5xx; map 4xx answers to idmint's errors."""
+        self._check_fork()
         failures = []
         count = len(self.urls)
         start = self._preferred
@@ -74,6 +124,7 @@ class HttpRangeStore:
             except httpx.HTTPError as exc:
                 failures.append(f"{self.urls[index]}: {type(exc).__name__}")
                 continue
+            self._check_store(self.urls[index], response)
             if response.status_code >= 500:
                 failures.append(f"{self.urls[index]}: {response.status_code} {_reason(response)}")
                 continue
@@ -106,6 +157,8 @@ class HttpRangeStore:
         return [_key(k) for k in self._request("GET", "/v1/keys")["keys"]]
 
     def allocate(self, name: str, count: int | None = None) -> Allocation:
+        if not self._surveyed:
+            self._survey()
         params = {"size": count} if count is not None else {}
         data = self._request("POST", f"/v1/keys/{check_key_name(name)}/ranges", params=params)
         taken = Range(int(data["start"]), int(data["stop"]))
@@ -123,6 +176,11 @@ class HttpRangeStore:
         return _key(
             self._request("POST", f"/v1/keys/{check_key_name(name)}/raise", json={"to": to})
         )
+
+    def identity(self) -> StoreIdentity | None:
+        """The identity of the store the servers answered for, once one has."""
+        with self._lock:
+            return StoreIdentity(self._store_id, None) if self._store_id else None
 
     def close(self) -> None:
         self._http.close()

@@ -10,18 +10,38 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from .._errors import IdmintError, KeyExists, KeyNotFound, StoreUnavailable
+from .._fork import ForkAware, orphan
 from ..ids import Allocation, Key, Range, next_range, raised_floor
+from .base import StoreIdentity
 
 T = TypeVar("T")
 
 TABLE = "idmint_keys"
 COLUMNS = "name, max_id, step, first_id, last_id, description, updated_at"
+
+# Written with the schema, on every engine: the store's identity (see StoreIdentity), and the
+# worker ids reserved for static holders. Plain types every engine reads the same way.
+META_TABLE = "idmint_meta"
+RESERVED_TABLE = "idmint_reserved_workers"
+COMMON_SCHEMA = (
+    f"""CREATE TABLE IF NOT EXISTS {META_TABLE} (
+    name       VARCHAR(64)  NOT NULL PRIMARY KEY,
+    value      VARCHAR(255) NOT NULL,
+    created_ms BIGINT       NOT NULL
+)""",
+    f"""CREATE TABLE IF NOT EXISTS {RESERVED_TABLE} (
+    namespace VARCHAR(128) NOT NULL,
+    worker_id INTEGER      NOT NULL,
+    PRIMARY KEY (namespace, worker_id)
+)""",
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +84,7 @@ def _as_datetime(value: object) -> datetime | None:
     return None
 
 
-class SqlConnection:
+class SqlConnection(ForkAware):
     """One connection, used under a lock, made again after a failure; every operation one
     transaction (or one statement), driver errors mapped to idmint's."""
 
@@ -73,12 +93,25 @@ class SqlConnection:
         self._dialect = dialect
         self._lock = threading.Lock()
         self._conn: Any = None
+        self._identity: StoreIdentity | None = None  # read on every new connection
         self._closed = False
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # The parent's socket (or SQLite handle) is not ours: make our own on the next call.
+        self._lock = threading.Lock()
+        orphan(self._conn)
+        self._conn = None
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._drop_connection()
+        self._closed = True
+        # A call stuck on a hung store holds the lock: leave the connection to it (it fails
+        # when its own deadline passes) rather than wait.
+        if self._lock.acquire(timeout=0.5):
+            try:
+                self._drop_connection()
+            finally:
+                self._lock.release()
 
     # -- connection handling ---------------------------------------------------------------
 
@@ -93,14 +126,38 @@ class SqlConnection:
                     cur.execute(statement)
                 # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another process
                 # creating the same table; the table is there, which is the goal.
-                for statement in self._dialect.schema:
+                for statement in (*self._dialect.schema, *COMMON_SCHEMA):
                     with contextlib.suppress(*self._dialect.duplicate):
                         cur.execute(statement)
+                self._identity = self._read_identity(cur)
             except BaseException:
                 conn.close()
                 raise
             self._conn = conn
         return self._conn.cursor()
+
+    def _read_identity(self, cur: Any) -> StoreIdentity:
+        """The store's identity, made by the first connection ever (the others lose the race
+        to insert it, and read the winner's)."""
+        p = self._dialect.param
+        select = f"SELECT value, created_ms FROM {META_TABLE} WHERE name = {p}"
+        cur.execute(select, ("store",))
+        row = cur.fetchone()
+        if row is None:
+            with contextlib.suppress(*self._dialect.duplicate):
+                cur.execute(
+                    f"INSERT INTO {META_TABLE} (name, value, created_ms) "
+                    f"VALUES ({p}, {p}, {self._dialect.now_ms})",
+                    ("store", uuid.uuid4().hex),
+                )
+            cur.execute(select, ("store",))
+            row = cur.fetchone()
+        return StoreIdentity(str(row[0]), int(row[1]))
+
+    def identity(self) -> StoreIdentity | None:
+        """The store's identity, as read by the current connection (connecting if needed)."""
+        self._run(lambda cur: None, transaction=False)
+        return self._identity
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -110,6 +167,7 @@ class SqlConnection:
 
     def _run(self, body: Callable[[Any], T], *, transaction: bool = True) -> T:
         """Run `body(cursor)` in one transaction; map driver errors to idmint's."""
+        self._check_fork()
         with self._lock:
             try:
                 cur = self._cursor()

@@ -3,19 +3,26 @@
 Expiry is judged by the database's clock (`Dialect.now_ms`), the one clock every holder shares.
 A row is never deleted: its `horizon_ms` (the highest timestamp any holder of that id may
 issue) only moves up and is the next holder's floor.
+
+Acquire locks only the row it takes, and only for one statement: it reads the namespace's rows
+without a lock, then takes one free row with a compare-and-set UPDATE (it matches only while
+the row is exactly as read) or inserts a new one, retrying when another process got there
+first. A process paused in the middle of an acquire holds no lock, so other holders' renewals
+never wait behind it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
 from dataclasses import replace
 from typing import Any
 
-from .._errors import LeaseLost, WorkersExhausted
-from ._sql import Dialect, SqlConnection
-from .base import Lease, WorkerInfo, pick_worker
+from .._errors import LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
+from ._sql import RESERVED_TABLE, Dialect, SqlConnection
+from .base import Lease, WorkerInfo, check_claim, pick_worker
 
 WORKERS_TABLE = "idmint_workers"
 CREATE_WORKERS_TABLE = f"""
@@ -30,7 +37,9 @@ CREATE TABLE IF NOT EXISTS {WORKERS_TABLE} (
 )
 """
 
-ACQUIRE_ATTEMPTS = 5  # two processes inserting the same new worker id: one retries
+# Each lost round means another process took a worker id or inserted a row meanwhile: this
+# bounds only pathological contention.
+ACQUIRE_ATTEMPTS = 100
 
 
 def holder_name() -> str:
@@ -47,12 +56,16 @@ class SqlLeaseStore(SqlConnection):
         t = WORKERS_TABLE
         where = f"namespace = {p} AND worker_id = {p}"
         self._scan = (
-            f"SELECT worker_id, owner, expires_ms, horizon_ms, {now} FROM {t} "
-            f"WHERE namespace = {p}" + dialect.for_update
+            f"SELECT worker_id, owner, host, expires_ms, horizon_ms, {now} FROM {t} "
+            f"WHERE namespace = {p}"
         )
+        self._reserved = f"SELECT worker_id FROM {RESERVED_TABLE} WHERE namespace = {p}"
+        self._reserve = f"INSERT INTO {RESERVED_TABLE} (namespace, worker_id) VALUES ({p}, {p})"
+        self._unreserve = f"DELETE FROM {RESERVED_TABLE} WHERE {where}"
+        # Matches only while the row is as it was read: nobody took it or moved it meanwhile.
         self._take = (
             f"UPDATE {t} SET owner = {p}, host = {p}, expires_ms = {now} + {p}, horizon_ms = {p} "
-            f"WHERE {where}"
+            f"WHERE {where} AND owner = {p} AND expires_ms = {p} AND horizon_ms = {p}"
         )
         self._insert = (
             f"INSERT INTO {t} (namespace, worker_id, owner, host, expires_ms, horizon_ms) "
@@ -74,6 +87,16 @@ class SqlLeaseStore(SqlConnection):
             f"WHERE namespace = {p} ORDER BY worker_id"
         )
 
+    def _lease(self, lease: Lease, **changes: Any) -> Lease:
+        """`lease` with `changes` and the identity of the store as this connection sees it."""
+        identity = self._identity
+        return replace(
+            lease,
+            store_id=identity.id if identity else None,
+            store_created_ms=identity.created_ms if identity else None,
+            **changes,
+        )
+
     def acquire(
         self,
         namespace: str,
@@ -82,46 +105,70 @@ class SqlLeaseStore(SqlConnection):
         ttl: float,
         horizon_ms: int,
         now_ms: int | None = None,
+        worker_id: int | None = None,
     ) -> Lease:
         owner, host, ttl_ms = uuid.uuid4().hex, holder_name(), int(ttl * 1000)
+        claim = None if worker_id is None else check_claim(worker_id, workers)
 
-        def body(cur: Any) -> Lease:
+        def attempt(cur: Any) -> Lease | None:
+            """One round: a lease, or None when another process changed a row first."""
             cur.execute(self._scan, (namespace,))
             rows = {int(r[0]): r for r in cur.fetchall()}
             if rows:
-                now = int(next(iter(rows.values()))[4])
+                now = int(next(iter(rows.values()))[5])
             else:  # a new namespace: read the database's clock on its own
                 cur.execute(self._now)
                 now = int(cur.fetchone()[0])
 
+            def free(row: Any) -> bool:  # never used, released, or its holder's lease expired
+                return row is None or row[1] == "" or int(row[3]) <= now
+
             def floor(worker_id: int) -> int:
                 row = rows.get(worker_id)
-                return 0 if row is None else int(row[3])
+                return 0 if row is None else int(row[4])
 
-            free = (
-                w
-                for w in range(workers)
-                # never used, released, or its holder's lease expired
-                if (row := rows.get(w)) is None or row[1] == "" or int(row[2]) <= now
-            )
-            worker_id = pick_worker(free, floor, now_ms)
-            if worker_id is None:
-                raise WorkersExhausted(namespace, workers)
-            if worker_id not in rows:
-                cur.execute(self._insert, (namespace, worker_id, owner, host, ttl_ms, horizon_ms))
-                return Lease(namespace, worker_id, owner, 0, horizon_ms, ttl, store_ms=now)
-            floor_ms = floor(worker_id)
-            horizon = max(floor_ms, horizon_ms)
-            cur.execute(self._take, (owner, host, ttl_ms, horizon, namespace, worker_id))
-            return Lease(namespace, worker_id, owner, floor_ms, horizon, ttl, store_ms=now)
+            if claim is None:
+                cur.execute(self._reserved, (namespace,))
+                reserved = {int(r[0]) for r in cur.fetchall()}
+                candidates = (w for w in range(workers) if w not in reserved and free(rows.get(w)))
+                chosen = pick_worker(candidates, floor, now_ms)
+                if chosen is None:
+                    raise WorkersExhausted(namespace, workers)
+            else:
+                chosen = claim
+                row = rows.get(chosen)
+                if row is not None and not free(row):
+                    raise WorkerInUse(namespace, chosen, str(row[2]), (int(row[3]) - now) / 1000)
+                # Reserved first: a leasing process that read before this skips it next round.
+                with contextlib.suppress(*self._dialect.duplicate):
+                    cur.execute(self._reserve, (namespace, chosen))
+            lease = Lease(namespace, chosen, owner, floor(chosen), 0, ttl, store_ms=now)
+            lease = self._lease(lease, horizon_ms=max(lease.floor_ms, horizon_ms))
+            lease = replace(lease, static=claim is not None)
+            row = rows.get(chosen)
+            if row is None:
+                try:
+                    cur.execute(
+                        self._insert,
+                        (namespace, chosen, owner, host, ttl_ms, lease.horizon_ms),
+                    )
+                except self._dialect.duplicate:
+                    return None
+                return lease
+            _, was_owner, _, was_expires, was_horizon, _ = row
+            new = (owner, host, ttl_ms, lease.horizon_ms)
+            cur.execute(self._take, (*new, namespace, chosen, was_owner, was_expires, was_horizon))
+            return lease if cur.rowcount == 1 else None
 
-        for attempt in range(ACQUIRE_ATTEMPTS):
-            try:
-                return self._run(body)
-            except self._dialect.duplicate:
-                if attempt == ACQUIRE_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        for _ in range(ACQUIRE_ATTEMPTS):
+            # No transaction: each statement commits on its own, so no lock outlives one.
+            got = self._run(attempt, transaction=False)
+            if got is not None:
+                return got
+        raise StoreUnavailable(
+            f"store {self.display_url}: {ACQUIRE_ATTEMPTS} concurrent writers in a row took "
+            f"worker ids of namespace {namespace!r} first"
+        )
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         key = (lease.namespace, lease.worker_id)
@@ -134,7 +181,7 @@ class SqlLeaseStore(SqlConnection):
                 )
             cur.execute(self._horizon, key)
             horizon, now = (int(v) for v in cur.fetchone())
-            return replace(lease, horizon_ms=horizon, store_ms=now)
+            return self._lease(lease, horizon_ms=horizon, store_ms=now)
 
         return self._run(body)
 
@@ -148,6 +195,8 @@ class SqlLeaseStore(SqlConnection):
 
     def holders(self, namespace: str) -> list[WorkerInfo]:
         def body(cur: Any) -> list[WorkerInfo]:
+            cur.execute(self._reserved, (namespace,))
+            reserved = {int(r[0]) for r in cur.fetchall()}
             cur.execute(self._list, (namespace,))
             return [
                 WorkerInfo(
@@ -157,8 +206,16 @@ class SqlLeaseStore(SqlConnection):
                     str(host),
                     int(left) / 1000 if owner else None,
                     int(horizon),
+                    static=int(wid) in reserved,
                 )
                 for wid, owner, host, left, horizon in cur.fetchall()
             ]
 
         return self._run(body, transaction=False)
+
+    def unreserve(self, namespace: str, worker_id: int) -> bool:
+        def body(cur: Any) -> bool:
+            cur.execute(self._unreserve, (namespace, worker_id))
+            return bool(cur.rowcount == 1)
+
+        return self._run(body)

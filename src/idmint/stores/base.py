@@ -34,6 +34,9 @@ class RangeStore(Protocol):
     def get_key(self, name: str) -> Key:
         """The key's row. Raises KeyNotFound."""
 
+    def identity(self) -> StoreIdentity | None:
+        """The store's identity (see StoreIdentity); None for stores without one."""
+
     def list_keys(self) -> list[Key]:
         """Every key, sorted by name."""
 
@@ -81,6 +84,26 @@ class Lease:
     ttl: float
     store_ms: int | None = None
     store_ms_step: int = 1
+    #: The store's identity (StoreIdentity.id) when it answered; None for stores without one.
+    store_id: str | None = None
+    #: When that identity was made (the store's clock, Unix ms); None where it cannot have
+    #: lost data under a live holder (memory, static).
+    store_created_ms: int | None = None
+    #: A static claim on this worker id (acquire(worker_id=...)), not a lease the store chose.
+    static: bool = False
+
+
+@dataclass(frozen=True)
+class StoreIdentity:
+    """Who a store is: a UUID written with its schema (or under its prefix) the first time it
+    is used, and when. A store that lost its data (wiped, or a new one behind the same address)
+    gets a new identity, which is how holders and clients notice."""
+
+    id: str
+    created_ms: int | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"id": self.id, "created_ms": self.created_ms}
 
 
 @dataclass(frozen=True)
@@ -93,6 +116,7 @@ class WorkerInfo:
     host: str
     expires_in: float | None  # seconds; None or negative when free or expired
     horizon_ms: int
+    static: bool = False  # reserved for a static holder: never leased to anyone else
 
 
 @runtime_checkable
@@ -112,21 +136,27 @@ class LeaseStore(Protocol):
         ttl: float,
         horizon_ms: int,
         now_ms: int | None = None,
+        worker_id: int | None = None,
     ) -> Lease:
-        """Take a worker id in [0, workers) that no live lease holds: the lowest whose stored
-        horizon is at most `now_ms` (the caller's clock: ids it can issue under at once), else
-        the lowest. The returned lease's floor is the stored horizon of that id; its horizon is
-        max(floor, horizon_ms), recorded before returning; its ttl is `ttl`, or shorter where
-        the store caps it (ZooKeeper's session timeout). Sets `store_ms` where the store has a
-        clock. Raises WorkersExhausted.
+        """Take a worker id in [0, workers) that no live lease holds and that is not reserved
+        for a static holder: the lowest whose stored horizon is at most `now_ms` (the caller's
+        clock: ids it can issue under at once), else the lowest. The returned lease's floor is
+        the stored horizon of that id; its horizon is max(floor, horizon_ms), recorded before
+        returning; its ttl is `ttl`, or shorter where the store caps it (ZooKeeper's session
+        timeout). Sets `store_ms` where the store has a clock, and the store's identity. Raises
+        WorkersExhausted.
+
+        With `worker_id`, a static claim: reserve that id for static holders (from then on it
+        is never leased to anyone else) and take it, or raise WorkerInUse while a live lease
+        holds it.
 
         Preferring usable ids matters after a clock jumped forward: the ids its holders used
         carry horizons in the future, and a holder with a correct clock would wait for them."""
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         """Extend the lease by its ttl and raise its horizon to `horizon_ms` (never lower it).
-        Sets `store_ms` where the store has a clock. Raises LeaseLost when another owner holds
-        the id now."""
+        Sets `store_ms` where the store has a clock, and the store's identity as it is now.
+        Raises LeaseLost when another owner holds the id now."""
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         """Free the worker id at once. With `issued_ms` (the holder's last issued timestamp,
@@ -136,8 +166,26 @@ class LeaseStore(Protocol):
     def holders(self, namespace: str) -> list[WorkerInfo]:
         """Every worker id the namespace has used, lowest first."""
 
+    def unreserve(self, namespace: str, worker_id: int) -> bool:
+        """Give a static worker id back to the leases (`idmint workers unreserve`): False if it
+        was not reserved. Its horizon stays, so the next holder still starts above it."""
+
+    def identity(self) -> StoreIdentity | None:
+        """The store's identity, made on first use; None for stores without one."""
+
     def close(self) -> None:
         """Release connections (not the leases)."""
+
+
+def check_claim(worker_id: int, workers: int) -> int:
+    """`worker_id` if a static claim on it can fit the layout's `workers` ids."""
+    if isinstance(worker_id, bool) or not isinstance(worker_id, int) or not worker_id >= 0:
+        raise InvalidArgument(f"worker id must be an integer >= 0, not {worker_id!r}")
+    if worker_id >= workers:
+        raise InvalidArgument(
+            f"worker id {worker_id} does not fit: the layout has {workers} worker ids"
+        )
+    return worker_id
 
 
 def pick_worker(
@@ -192,6 +240,9 @@ class NoRangeStore:
 
     def raise_floor(self, name: str, to: int) -> Key:
         raise self._refuse()
+
+    def identity(self) -> StoreIdentity | None:
+        return None
 
     def close(self) -> None:
         pass

@@ -6,6 +6,8 @@ Keys, under the URL's prefix (default "idmint"), with the namespace percent-enco
                                          so etcd's own TTL judges expiry
     {prefix}/h/{namespace}/{worker_id}   "{horizon_ms} {host}", no lease: outlives the holders
                                          and only moves up
+    {prefix}/s/{namespace}/{worker_id}   present while the id is reserved for static holders
+    {prefix}/meta                        the store's identity: {"id": UUID, "created_ms": ...}
 
 URL: etcd://host:port[,host2:port2...][/prefix]. Endpoints are tried in turn when one cannot
 be connected to.
@@ -30,9 +32,10 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhausted
+from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
+from .._fork import ForkAware, orphan
 from ._sql_leases import holder_name
-from .base import Lease, WorkerInfo, pick_worker
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, pick_worker
 
 DATE_STEP_MS = 1000  # an HTTP Date header counts whole seconds
 ATTEMPTS = 100  # optimistic transactions lost in a row to concurrent writers: each lost one
@@ -91,7 +94,7 @@ def _stored_floor(horizons: dict[int, Json], worker_id: int) -> int:
     return _horizon(horizons.get(worker_id))[0]
 
 
-class EtcdLeaseStore:
+class EtcdLeaseStore(ForkAware):
     """A LeaseStore on an etcd cluster; thread-safe (httpx.Client is)."""
 
     def __init__(
@@ -104,11 +107,22 @@ class EtcdLeaseStore:
         self._leases: dict[str, str] = {}  # owner -> etcd lease id, for renew and release
         self._lock = threading.Lock()
         self._answered = threading.local()  # date_ms: the Date of this thread's last answer
+        self._client_timeout = self._client.timeout  # for a forked child's own client
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # The parent's pooled sockets and its etcd leases are not the child's.
+        orphan(self._client)
+        self._client = httpx.Client(timeout=self._client_timeout)
+        self._leases = {}
+        self._lock = threading.Lock()
+        self._answered = threading.local()
 
     # -- HTTP --------------------------------------------------------------------------------
 
     def _call(self, path: str, body: Json) -> Json:
         """POST to the first endpoint that can be connected to; an etcd error is raised."""
+        self._check_fork()
         problems: list[str] = []
         with self._lock:
             endpoints = list(self._endpoints)
@@ -164,20 +178,43 @@ class EtcdLeaseStore:
 
     # -- keys --------------------------------------------------------------------------------
 
-    def _keys(self, namespace: str) -> tuple[str, str]:
+    def _keys(self, namespace: str) -> tuple[str, str, str]:
+        """The prefixes of the namespace's lease, horizon and reservation keys."""
         ns = quote(namespace, safe="")
-        return f"{self._prefix}/w/{ns}/", f"{self._prefix}/h/{ns}/"
+        return f"{self._prefix}/w/{ns}/", f"{self._prefix}/h/{ns}/", f"{self._prefix}/s/{ns}/"
 
     def _scan(self, namespace: str) -> list[Json]:
-        """Txn ops reading the namespace's lease keys and horizon keys."""
+        """Txn ops reading the namespace's lease, horizon and reservation keys."""
         return [_range(prefix) for prefix in self._keys(namespace)]
 
-    def _scanned(self, namespace: str, answer: Json) -> tuple[dict[int, Json], dict[int, Json]]:
-        """The lease keys and horizon keys by worker id, from a txn answer to `_scan`."""
+    def _scanned(
+        self, namespace: str, answer: Json
+    ) -> tuple[dict[int, Json], dict[int, Json], set[int]]:
+        """Lease and horizon keys by worker id and the reserved ids, from an answer to `_scan`."""
         found: list[dict[int, Json]] = []
         for prefix, response in zip(self._keys(namespace), answer["responses"], strict=True):
             found.append({int(_unb64(kv["key"])[len(prefix) :]): kv for kv in _kvs(response)})
-        return found[0], found[1]
+        return found[0], found[1], set(found[2])
+
+    def _meta(self) -> tuple[StoreIdentity, str]:
+        """The store's identity and its key's mod_revision, made if it is missing. Its creation
+        time is the Date etcd sent with the read that found it missing, rounded up."""
+        key = f"{self._prefix}/meta"
+        found = _kvs(self._txn([], [_range(key)])["responses"][0])
+        if not found:
+            created_ms = (self._last_date_ms() or 0) + DATE_STEP_MS
+            value = json.dumps({"id": uuid.uuid4().hex, "created_ms": created_ms})
+            answer = self._txn([_unchanged(key, "0")], [_put(key, value)], [_range(key)])
+            if answer.get("succeeded"):
+                found = _kvs(self._txn([], [_range(key)])["responses"][0])
+            else:
+                found = _kvs(answer["responses"][0])
+        kv = found[0]
+        data = json.loads(_unb64(kv["value"]))
+        return StoreIdentity(str(data["id"]), int(data["created_ms"])), str(kv["mod_revision"])
+
+    def identity(self) -> StoreIdentity | None:
+        return self._meta()[0]
 
     # -- LeaseStore --------------------------------------------------------------------------
 
@@ -189,30 +226,48 @@ class EtcdLeaseStore:
         ttl: float,
         horizon_ms: int,
         now_ms: int | None = None,
+        worker_id: int | None = None,
     ) -> Lease:
+        claim = None if worker_id is None else check_claim(worker_id, workers)
         owner, host = uuid.uuid4().hex, holder_name()
-        lease_keys, horizon_keys = self._keys(namespace)
+        lease_keys, horizon_keys, static_keys = self._keys(namespace)
+        identity, meta_revision = self._meta()
+        meta_key = f"{self._prefix}/meta"
         lease_id = ""
         answer = self._txn([], self._scan(namespace))
         try:
             for _ in range(ATTEMPTS):
-                held, horizons = self._scanned(namespace, answer)
-                free = pick_worker(
-                    (w for w in range(workers) if w not in held),
-                    functools.partial(_stored_floor, horizons),
-                    now_ms,
-                )
-                if free is None:
-                    raise WorkersExhausted(namespace, workers)
+                held, horizons, reserved = self._scanned(namespace, answer)
+                if claim is None:
+                    free = pick_worker(
+                        (w for w in range(workers) if w not in held and w not in reserved),
+                        functools.partial(_stored_floor, horizons),
+                        now_ms,
+                    )
+                    if free is None:
+                        raise WorkersExhausted(namespace, workers)
+                else:
+                    free = claim
+                    if free in held:
+                        holder = _horizon(horizons.get(free))[1]
+                        raise WorkerInUse(namespace, free, holder, None)
                 if not lease_id:
                     granted = self._call("lease/grant", {"TTL": max(1, math.ceil(ttl))})
                     lease_id = str(granted["ID"])
                 floor, _, mod = _horizon(horizons.get(free))
                 horizon = max(floor, horizon_ms)
                 lease_key, horizon_key = f"{lease_keys}{free}", f"{horizon_keys}{free}"
+                puts = [_put(lease_key, owner, lease_id), _put(horizon_key, f"{horizon} {host}")]
+                if claim is not None:
+                    puts.append(_put(f"{static_keys}{free}", host))
                 answer = self._txn(
-                    [_unchanged(lease_key, "0"), _unchanged(horizon_key, mod)],
-                    [_put(lease_key, owner, lease_id), _put(horizon_key, f"{horizon} {host}")],
+                    # ... and the store is still the one whose identity we read
+                    [
+                        _unchanged(lease_key, "0"),
+                        _unchanged(horizon_key, mod),
+                        _unchanged(meta_key, meta_revision),
+                    ],
+                    puts,
                     self._scan(namespace),  # lost the race: read again in the same round trip
                 )
                 if answer.get("succeeded"):
@@ -228,6 +283,9 @@ class EtcdLeaseStore:
                         ttl,
                         store_ms=self._last_date_ms(),
                         store_ms_step=DATE_STEP_MS,
+                        store_id=identity.id,
+                        store_created_ms=identity.created_ms,
+                        static=claim is not None,
                     )
         except _EtcdError as exc:
             raise self._unavailable(str(exc)) from None
@@ -239,7 +297,9 @@ class EtcdLeaseStore:
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         lost = LeaseLost(f"worker {lease.worker_id} of namespace {lease.namespace!r} is lost")
-        lease_key, horizon_key = (f"{k}{lease.worker_id}" for k in self._keys(lease.namespace))
+        lease_key, horizon_key, _ = (f"{k}{lease.worker_id}" for k in self._keys(lease.namespace))
+        meta_key = f"{self._prefix}/meta"
+        store_id = None
         with self._lock:
             lease_id = self._leases.get(lease.owner)
         if lease_id is None:
@@ -248,9 +308,13 @@ class EtcdLeaseStore:
         if alive is None or int(alive.get("TTL", 0)) <= 0:
             raise lost
         for _ in range(ATTEMPTS):
-            read = self._txn([_holds(lease_key, lease.owner)], [_range(horizon_key)])
+            read = self._txn(
+                [_holds(lease_key, lease.owner)], [_range(horizon_key), _range(meta_key)]
+            )
             if not read.get("succeeded"):
                 raise lost
+            meta = _kvs(read["responses"][1])
+            store_id = json.loads(_unb64(meta[0]["value"]))["id"] if meta else None
             kvs = _kvs(read["responses"][0])
             current, host, mod = _horizon(kvs[0] if kvs else None)
             horizon = max(current, horizon_ms)
@@ -269,6 +333,7 @@ class EtcdLeaseStore:
             horizon_ms=horizon,
             store_ms=self._last_date_ms(),
             store_ms_step=DATE_STEP_MS,
+            store_id=store_id,
         )
 
     def _last_date_ms(self) -> int | None:
@@ -277,7 +342,7 @@ class EtcdLeaseStore:
         return date_ms
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
-        lease_keys, horizon_keys = self._keys(lease.namespace)
+        lease_keys, horizon_keys, _ = self._keys(lease.namespace)
         lease_key = f"{lease_keys}{lease.worker_id}"
         with self._lock:
             self._leases.pop(lease.owner, None)
@@ -293,9 +358,9 @@ class EtcdLeaseStore:
                     self._lease_call("revoke", str(kv.get("lease", "0")))
 
     def holders(self, namespace: str) -> list[WorkerInfo]:
-        held, horizons = self._scanned(namespace, self._txn([], self._scan(namespace)))
+        held, horizons, reserved = self._scanned(namespace, self._txn([], self._scan(namespace)))
         rows = []
-        for worker_id in sorted(held.keys() | horizons.keys()):
+        for worker_id in sorted(held.keys() | horizons.keys() | reserved):
             horizon, host, _ = _horizon(horizons.get(worker_id))
             kv = held.get(worker_id)
             owner, expires_in = "", None
@@ -303,8 +368,23 @@ class EtcdLeaseStore:
                 owner = _unb64(kv.get("value", ""))
                 alive = self._lease_call("timetolive", str(kv.get("lease", "0")))
                 expires_in = float(alive.get("TTL", -1)) if alive is not None else -1.0
-            rows.append(WorkerInfo(namespace, worker_id, owner, host, expires_in, horizon))
+            rows.append(
+                WorkerInfo(
+                    namespace,
+                    worker_id,
+                    owner,
+                    host,
+                    expires_in,
+                    horizon,
+                    static=worker_id in reserved,
+                )
+            )
         return rows
+
+    def unreserve(self, namespace: str, worker_id: int) -> bool:
+        key = f"{self._keys(namespace)[2]}{worker_id}"
+        answer = self._txn([], [{"request_delete_range": {"key": _b64(key)}}])
+        return int(answer["responses"][0]["response_delete_range"].get("deleted", 0)) > 0
 
     def close(self) -> None:
         self._client.close()

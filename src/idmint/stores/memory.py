@@ -8,11 +8,13 @@ and dies with the process. `memory://NAME` stores are shared within a process by
 from __future__ import annotations
 
 import threading
+import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 
 from .._errors import KeyExists, KeyNotFound
 from ..ids import Allocation, Key, Range, next_range, raised_floor
+from .base import StoreIdentity
 
 _named: dict[str, MemoryRangeStore] = {}
 _named_lock = threading.Lock()
@@ -25,6 +27,10 @@ class MemoryRangeStore:
         self.display_url = display_url
         self._keys: dict[str, Key] = {}
         self._lock = threading.Lock()
+        self._identity = StoreIdentity(uuid.uuid4().hex, None)
+
+    def identity(self) -> StoreIdentity | None:
+        return self._identity
 
     def init(self) -> None:
         pass

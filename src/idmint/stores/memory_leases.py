@@ -6,10 +6,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .._errors import LeaseLost, WorkersExhausted
-from .base import Lease, WorkerInfo, pick_worker
+from .._errors import LeaseLost, WorkerInUse, WorkersExhausted
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, pick_worker
 
 
 @dataclass
@@ -27,7 +27,11 @@ class MemoryLeaseStore:
         self.display_url = "memory://"
         self._clock = clock
         self._slots: dict[tuple[str, int], _Slot] = {}
+        self._reserved: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
+        # No creation time: a store in this process's memory cannot lose its data under a
+        # holder that lives on.
+        self._identity = StoreIdentity(uuid.uuid4().hex, None)
 
     def acquire(
         self,
@@ -37,6 +41,7 @@ class MemoryLeaseStore:
         ttl: float,
         horizon_ms: int,
         now_ms: int | None = None,
+        worker_id: int | None = None,
     ) -> Lease:
         with self._lock:
             now = self._clock()
@@ -44,16 +49,39 @@ class MemoryLeaseStore:
             def slot(worker_id: int) -> _Slot:
                 return self._slots.setdefault((namespace, worker_id), _Slot())
 
-            free = (w for w in range(workers) if not slot(w).owner or slot(w).expires <= now)
-            worker_id = pick_worker(free, lambda w: slot(w).horizon_ms, now_ms)
+            def free(worker_id: int) -> bool:
+                return not slot(worker_id).owner or slot(worker_id).expires <= now
+
             if worker_id is None:
-                raise WorkersExhausted(namespace, workers)
+                candidates = (
+                    w for w in range(workers) if (namespace, w) not in self._reserved and free(w)
+                )
+                worker_id = pick_worker(candidates, lambda w: slot(w).horizon_ms, now_ms)
+                if worker_id is None:
+                    raise WorkersExhausted(namespace, workers)
+                static = False
+            else:
+                check_claim(worker_id, workers)
+                if not free(worker_id):
+                    held = slot(worker_id)
+                    raise WorkerInUse(namespace, worker_id, held.host, held.expires - now)
+                self._reserved.add((namespace, worker_id))
+                static = True
             taken = slot(worker_id)
             floor = taken.horizon_ms
             taken.owner, taken.expires = uuid.uuid4().hex, now + ttl
             taken.horizon_ms = max(floor, horizon_ms)
             taken.host = "memory"
-            return Lease(namespace, worker_id, taken.owner, floor, taken.horizon_ms, ttl)
+            return Lease(
+                namespace,
+                worker_id,
+                taken.owner,
+                floor,
+                taken.horizon_ms,
+                ttl,
+                store_id=self._identity.id,
+                static=static,
+            )
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         with self._lock:
@@ -62,14 +90,7 @@ class MemoryLeaseStore:
                 raise LeaseLost(f"worker {lease.worker_id} of {lease.namespace!r} has a new owner")
             slot.expires = self._clock() + lease.ttl
             slot.horizon_ms = max(slot.horizon_ms, horizon_ms)
-            return Lease(
-                lease.namespace,
-                lease.worker_id,
-                lease.owner,
-                lease.floor_ms,
-                slot.horizon_ms,
-                lease.ttl,
-            )
+            return replace(lease, horizon_ms=slot.horizon_ms, store_id=self._identity.id)
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         with self._lock:
@@ -84,11 +105,27 @@ class MemoryLeaseStore:
             now = self._clock()
             return [
                 WorkerInfo(
-                    ns, wid, s.owner, s.host, (s.expires - now) if s.owner else None, s.horizon_ms
+                    ns,
+                    wid,
+                    s.owner,
+                    s.host,
+                    (s.expires - now) if s.owner else None,
+                    s.horizon_ms,
+                    static=(ns, wid) in self._reserved,
                 )
                 for (ns, wid), s in sorted(self._slots.items())
                 if ns == namespace
             ]
+
+    def unreserve(self, namespace: str, worker_id: int) -> bool:
+        with self._lock:
+            if (namespace, worker_id) not in self._reserved:
+                return False
+            self._reserved.discard((namespace, worker_id))
+            return True
+
+    def identity(self) -> StoreIdentity | None:
+        return self._identity
 
     def close(self) -> None:
         pass

@@ -28,8 +28,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
-from .._errors import DriverMissing, InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhausted
-from .base import Lease, WorkerInfo
+from .._errors import (
+    DriverMissing,
+    InvalidArgument,
+    LeaseLost,
+    StoreUnavailable,
+    WorkerInUse,
+    WorkersExhausted,
+)
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -42,30 +49,58 @@ T = TypeVar("T")
 # Every script that answers reads the server's clock (TIME) last, after its writes: scripts
 # replicated as scripts (Redis before 7) may not write after a non-deterministic command.
 
-# ARGV: prefix, namespace, workers, owner, host, ttl_ms, horizon_ms, now_ms ("" for none).
-# Takes the lowest free id whose horizon is at most now_ms, else the lowest free id.
-# Returns {worker id, floor, horizon, TIME's seconds, TIME's microseconds}, or false when
-# every id is leased. Horizons stay strings: Lua numbers are doubles that redis.call would
-# format with %.14g, so a number is only ever compared, never stored.
+# Makes {prefix}:meta, the store's identity, if it is missing (a new or wiped Redis): ARGV[1]
+# is a fresh UUID, the creation time is Redis's TIME. Returns {id, created_ms}. TIME comes
+# before a write here: replicate the script's effects, not its text (the default from Redis 5).
+_META = """
+if redis.replicate_commands then redis.replicate_commands() end
+local meta = KEYS[1]
+if redis.call('EXISTS', meta) == 0 then
+    local now = redis.call('TIME')
+    local ms = now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000))
+    redis.call('HSET', meta, 'id', ARGV[1], 'created_ms', ms)
+end
+return redis.call('HMGET', meta, 'id', 'created_ms')
+"""
+
+# ARGV: prefix, namespace, workers, owner, host, ttl_ms, horizon_ms, now_ms ("" for none),
+# the claimed worker id ("" to let the store choose). Without a claim, takes the lowest free
+# id not reserved for a static holder whose horizon is at most now_ms, else the lowest such
+# id; a claim reserves its id (the hash's `static` field) and takes it. Returns {worker id,
+# floor, horizon, TIME's seconds, TIME's microseconds, the meta id}; false when every id is
+# leased; {-1, host, pttl} when the claimed id is held. Horizons stay strings: Lua numbers are
+# doubles that redis.call would format with %.14g, so a number is only ever compared, never
+# stored.
 _ACQUIRE = """
 local base = ARGV[1] .. ':'
 local ns = ARGV[2] .. ':'
 local wanted = ARGV[7]
 local now_ms = tonumber(ARGV[8])
 local chosen, first
-for id = 0, tonumber(ARGV[3]) - 1 do
-    if redis.call('EXISTS', base .. 'w:' .. ns .. id) == 0 then
-        first = first or id
-        if now_ms == nil then break end
-        local floor = redis.call('HGET', base .. 'h:' .. ns .. id, 'horizon') or '0'
-        if tonumber(floor) <= now_ms then
-            chosen = id
-            break
+if ARGV[9] ~= '' then
+    chosen = ARGV[9]
+    local lease = base .. 'w:' .. ns .. chosen
+    if redis.call('EXISTS', lease) == 1 then
+        local host = redis.call('HGET', base .. 'h:' .. ns .. chosen, 'host') or ''
+        return {-1, host, redis.call('PTTL', lease)}
+    end
+else
+    for id = 0, tonumber(ARGV[3]) - 1 do
+        local hkey = base .. 'h:' .. ns .. id
+        if redis.call('EXISTS', base .. 'w:' .. ns .. id) == 0
+                and redis.call('HGET', hkey, 'static') ~= '1' then
+            first = first or id
+            if now_ms == nil then break end
+            local floor = redis.call('HGET', hkey, 'horizon') or '0'
+            if tonumber(floor) <= now_ms then
+                chosen = id
+                break
+            end
         end
     end
+    chosen = chosen or first
+    if chosen == nil then return false end
 end
-chosen = chosen or first
-if chosen == nil then return false end
 local lease = base .. 'w:' .. ns .. chosen
 local hkey = base .. 'h:' .. ns .. chosen
 local floor = redis.call('HGET', hkey, 'horizon') or '0'
@@ -73,14 +108,16 @@ local horizon = wanted
 if tonumber(floor) > tonumber(wanted) then horizon = floor end
 redis.call('SET', lease, ARGV[4], 'PX', ARGV[6])
 redis.call('HSET', hkey, 'horizon', horizon, 'host', ARGV[5], 'owner', ARGV[4])
+if ARGV[9] ~= '' then redis.call('HSET', hkey, 'static', '1') end
+local meta = redis.call('HGET', base .. 'meta', 'id') or ''
 local now = redis.call('TIME')
-return {chosen, floor, horizon, now[1], now[2]}
+return {chosen, floor, horizon, now[1], now[2], meta}
 """
 
-# KEYS: lease, horizon hash. ARGV: owner, ttl_ms, horizon_ms. Returns {horizon, TIME's
-# seconds, TIME's microseconds}, or false when another owner took the id. A lease that expired
-# but that nobody took since (the hash still names us) is taken back: no one else can have
-# issued ids under it in between.
+# KEYS: lease, horizon hash, meta. ARGV: owner, ttl_ms, horizon_ms. Returns {horizon, TIME's
+# seconds, TIME's microseconds, the meta id}, or false when another owner took the id. A lease
+# that expired but that nobody took since (the hash still names us) is taken back: no one else
+# can have issued ids under it in between.
 _RENEW = """
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
@@ -95,8 +132,9 @@ if tonumber(ARGV[3]) > tonumber(horizon) then
     horizon = ARGV[3]
     redis.call('HSET', KEYS[2], 'horizon', horizon)
 end
+local meta = redis.call('HGET', KEYS[3], 'id') or ''
 local now = redis.call('TIME')
-return {horizon, now[1], now[2]}
+return {horizon, now[1], now[2], meta}
 """
 
 # KEYS: lease, horizon hash. ARGV: owner, the lowered horizon or "". Acts only while the hash
@@ -140,9 +178,17 @@ class RedisLeaseStore:
         self._client = client
         self._prefix = prefix
         self._errors = errors  # redis-py's exceptions, imported lazily with the driver
+        self._meta = client.register_script(_META)
         self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+
+    def identity(self) -> StoreIdentity | None:
+        """The identity under this prefix, made on first use."""
+        meta = f"{self._prefix}:meta"
+        got = self._call(lambda: self._meta(keys=[meta], args=[uuid.uuid4().hex]))
+        store_id, created_ms = cast(list[str], got)
+        return StoreIdentity(store_id, int(created_ms))
 
     def _keys(self, namespace: str, worker_id: int) -> list[str]:
         return [
@@ -165,7 +211,12 @@ class RedisLeaseStore:
         ttl: float,
         horizon_ms: int,
         now_ms: int | None = None,
+        worker_id: int | None = None,
     ) -> Lease:
+        if worker_id is not None:
+            check_claim(worker_id, workers)
+        identity = self.identity()
+        assert identity is not None
         owner = uuid.uuid4().hex
         args: list[str | int] = [
             self._prefix,
@@ -176,25 +227,50 @@ class RedisLeaseStore:
             _ms(ttl),
             horizon_ms,
             "" if now_ms is None else now_ms,
+            "" if worker_id is None else worker_id,
         ]
         got = self._call(lambda: self._acquire(args=args))
         if not got:
             raise WorkersExhausted(namespace, workers)
-        worker_id, floor, horizon, seconds, micros = (int(v) for v in cast(list[Any], got))
+        answer = cast(list[Any], got)
+        if int(answer[0]) < 0:
+            assert worker_id is not None
+            pttl = int(answer[2])
+            raise WorkerInUse(
+                namespace, worker_id, str(answer[1]), pttl / 1000 if pttl >= 0 else None
+            )
+        chosen, floor, horizon, seconds, micros = (int(v) for v in answer[:5])
+        if answer[5] != identity.id:  # wiped between the two calls: ask again
+            raise StoreUnavailable(f"store {self.display_url} lost its data during an acquire")
         return Lease(
-            namespace, worker_id, owner, floor, horizon, ttl, store_ms=_unix_ms(seconds, micros)
+            namespace,
+            chosen,
+            owner,
+            floor,
+            horizon,
+            ttl,
+            store_ms=_unix_ms(seconds, micros),
+            store_id=identity.id,
+            store_created_ms=identity.created_ms,
+            static=worker_id is not None,
         )
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
-        keys = self._keys(lease.namespace, lease.worker_id)
+        keys = [*self._keys(lease.namespace, lease.worker_id), f"{self._prefix}:meta"]
         args: list[str | int] = [lease.owner, _ms(lease.ttl), horizon_ms]
         got = self._call(lambda: self._renew(keys=keys, args=args))
         if got is None:
             raise LeaseLost(
                 f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
             )
-        horizon, seconds, micros = (int(v) for v in cast(list[Any], got))
-        return replace(lease, horizon_ms=horizon, store_ms=_unix_ms(seconds, micros))
+        answer = cast(list[Any], got)
+        horizon, seconds, micros = (int(v) for v in answer[:3])
+        return replace(
+            lease,
+            horizon_ms=horizon,
+            store_ms=_unix_ms(seconds, micros),
+            store_id=str(answer[3]) or None,
+        )
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         keys = self._keys(lease.namespace, lease.worker_id)
@@ -216,11 +292,11 @@ class RedisLeaseStore:
                 lease, hkey = self._keys(namespace, worker_id)
                 pipe.get(lease)
                 pipe.pttl(lease)
-                pipe.hmget(hkey, ["horizon", "host"])
+                pipe.hmget(hkey, ["horizon", "host", "static"])
             replies = pipe.execute()
             rows = []
             for i, worker_id in enumerate(ids):
-                owner, pttl, (horizon, host) = replies[3 * i : 3 * i + 3]
+                owner, pttl, (horizon, host, static) = replies[3 * i : 3 * i + 3]
                 live = owner is not None and int(pttl) >= 0
                 rows.append(
                     WorkerInfo(
@@ -230,11 +306,16 @@ class RedisLeaseStore:
                         str(host or ""),
                         int(pttl) / 1000 if live else None,
                         int(horizon or 0),
+                        static=static == "1",
                     )
                 )
             return rows
 
         return self._call(body)
+
+    def unreserve(self, namespace: str, worker_id: int) -> bool:
+        hkey = self._keys(namespace, worker_id)[1]
+        return bool(self._call(lambda: self._client.hdel(hkey, "static")))
 
     def close(self) -> None:
         self._client.close()

@@ -4,6 +4,8 @@ Worker ids as Leaf does them with ZooKeeper, but fenced. Under the chroot:
 
 - `w/{namespace}/{worker_id}`, the lease: an EPHEMERAL node holding the owner and host. It lives
   exactly as long as the ZooKeeper session that created it.
+- `s/{namespace}/{worker_id}`, present while the id is reserved for static holders.
+- `meta`, the store's identity: a UUID; its ctime (the leader's clock) is when it was made.
 - `h/{namespace}/{worker_id}`, the horizon: a PERSISTENT node "horizon_ms owner". It outlives
   leases, only moves up (compare-and-set on its version), and names the holder that last moved
   it: a holder whose id has been taken over can never raise it again, and a new holder reads
@@ -26,6 +28,7 @@ ZooKeeper leader gave that write.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -36,10 +39,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._errors import DriverMissing, InvalidArgument, LeaseLost, StoreUnavailable, WorkersExhausted
+from .._errors import (
+    DriverMissing,
+    InvalidArgument,
+    LeaseLost,
+    StoreUnavailable,
+    WorkerInUse,
+    WorkersExhausted,
+)
+from .._fork import ForkAware, orphan
 from ..ids import check_key_name
 from ._sql_leases import holder_name
-from .base import Lease, WorkerInfo, pick_worker
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, pick_worker
 
 DEFAULT_CHROOT = "/idmint"
 PREFERENCE_LOOKS = 32  # free ids whose horizon acquire reads (a round trip each) to prefer one
@@ -129,6 +140,11 @@ class _Session:
         data, stat = self._wait(self._client.get_async, path)
         return bytes(data), int(stat.version)
 
+    def created(self, path: str) -> tuple[bytes, int]:
+        """The node's data and its ctime (the leader's Unix ms). Raises NoNodeError."""
+        data, stat = self._wait(self._client.get_async, path)
+        return bytes(data), int(stat.ctime)
+
     def children(self, path: str) -> list[str]:
         """The node's children's names; none if it does not exist."""
         try:
@@ -185,7 +201,7 @@ def _parse_horizon(data: bytes) -> tuple[int, str]:
     return int(horizon), owner
 
 
-class ZooKeeperLeaseStore:
+class ZooKeeperLeaseStore(ForkAware):
     """A LeaseStore on ZooKeeper: one session per lease, one shared session for reading."""
 
     def __init__(
@@ -197,6 +213,17 @@ class ZooKeeperLeaseStore:
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()  # guards _held
         self._connect_lock = threading.Lock()
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # kazoo's threads did not survive the fork, and the sessions are the parent's: closing
+        # one here would end the parent's leases. Leave them, and start afresh.
+        orphan(self._shared_session)
+        orphan(self._held)
+        self._shared_session = None
+        self._held = {}
+        self._lock = threading.Lock()
+        self._connect_lock = threading.Lock()
 
     def _session(self, session_timeout: float) -> _Session:
         session = _Session(self._kz, self._hosts, self.display_url, session_timeout, self._timeout)
@@ -205,6 +232,7 @@ class ZooKeeperLeaseStore:
 
     def _shared(self) -> _Session:
         # kazoo reconnects by itself, to a new session if the old one expired: fine for reads
+        self._check_fork()
         with self._connect_lock:
             if self._shared_session is None:
                 self._shared_session = self._session(SHARED_SESSION_TIMEOUT)
@@ -215,6 +243,29 @@ class ZooKeeperLeaseStore:
         tail = "" if worker_id is None else f"/{worker_id}"
         return f"{self._root}/w/{namespace}{tail}", f"{self._root}/h/{namespace}{tail}"
 
+    def _reserved_path(self, namespace: str) -> str:
+        return f"{self._root}/s/{check_key_name(namespace)}"
+
+    def _identity(self, session: _Session) -> StoreIdentity:
+        """The store's identity, made if it is missing; its creation time is the node's ctime."""
+        path = f"{self._root}/meta"
+        while True:
+            try:
+                data, ctime = session.created(path)
+                return StoreIdentity(data.decode(), ctime)
+            except self._kz.no_node:
+                with contextlib.suppress(self._kz.node_exists):
+                    session.create(path, uuid.uuid4().hex.encode())
+
+    def identity(self) -> StoreIdentity | None:
+        return self._identity(self._shared())
+
+    def _stored_id(self, session: _Session) -> str | None:
+        try:
+            return session.get(f"{self._root}/meta")[0].decode()
+        except self._kz.no_node:
+            return None
+
     def acquire(
         self,
         namespace: str,
@@ -223,19 +274,33 @@ class ZooKeeperLeaseStore:
         ttl: float,
         horizon_ms: int,
         now_ms: int | None = None,
+        worker_id: int | None = None,
     ) -> Lease:
+        claim = None if worker_id is None else check_claim(worker_id, workers)
         leases, horizons = self._paths(namespace)
+        reserved_path = self._reserved_path(namespace)
         owner = uuid.uuid4().hex
         session: _Session | None = None
         try:
+            identity = self._identity(self._shared())
             while True:
                 shared = self._shared()
                 taken = set(shared.children(leases))
-                hint = functools.partial(self._floor_hint, shared, horizons)
-                free = (i for i in range(workers) if str(i) not in taken)
-                worker_id = pick_worker(free, hint, now_ms, looks=PREFERENCE_LOOKS)
-                if worker_id is None:
-                    raise WorkersExhausted(namespace, workers)
+                if claim is None:
+                    reserved = set(shared.children(reserved_path))
+                    hint = functools.partial(self._floor_hint, shared, horizons)
+                    free = (i for i in range(workers) if str(i) not in taken | reserved)
+                    worker_id = pick_worker(free, hint, now_ms, looks=PREFERENCE_LOOKS)
+                    if worker_id is None:
+                        raise WorkersExhausted(namespace, workers)
+                else:
+                    worker_id = claim
+                    if str(claim) in taken:
+                        raise WorkerInUse(
+                            namespace, claim, self._holder(shared, leases, claim), None
+                        )
+                    with contextlib.suppress(self._kz.node_exists):
+                        shared.create(f"{reserved_path}/{claim}", holder_name().encode())
                 if session is None:
                     session = self._session(ttl)
                 node = {"owner": owner, "host": holder_name(), "session": session.session_timeout}
@@ -257,11 +322,28 @@ class ZooKeeperLeaseStore:
                     self._held[owner] = held
                 with held.lock:
                     self._arm(owner, held, ttl)
-                return Lease(namespace, worker_id, owner, floor, horizon, ttl, store_ms=written_ms)
+                return Lease(
+                    namespace,
+                    worker_id,
+                    owner,
+                    floor,
+                    horizon,
+                    ttl,
+                    store_ms=written_ms,
+                    store_id=identity.id,
+                    store_created_ms=identity.created_ms,
+                    static=claim is not None,
+                )
         except BaseException:
             if session is not None:
                 session.stop()
             raise
+
+    def _holder(self, shared: _Session, leases: str, worker_id: int) -> str:
+        try:
+            return str(json.loads(shared.get(f"{leases}/{worker_id}")[0]).get("host", ""))
+        except self._kz.no_node:
+            return ""
 
     def _floor_hint(self, shared: _Session, horizons: str, worker_id: int) -> int:
         """A free worker id's stored horizon (0 if it has none), to choose among free ids; the
@@ -366,6 +448,7 @@ class ZooKeeperLeaseStore:
                 _, horizon, written_ms = self._move_horizon(
                     session, horizon_path, lease.owner, horizon_ms, take=False
                 )
+                store_id = self._stored_id(session)
             except (LeaseLost, _SessionGone) as exc:
                 held.generation += 1
                 if held.timer is not None:
@@ -374,7 +457,7 @@ class ZooKeeperLeaseStore:
                 session.stop()
                 raise lost from exc
             self._arm(lease.owner, held, lease.ttl)
-        return replace(lease, horizon_ms=horizon, store_ms=written_ms)
+        return replace(lease, horizon_ms=horizon, store_ms=written_ms, store_id=store_id)
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         held = self._forget(lease.owner)
@@ -400,6 +483,7 @@ class ZooKeeperLeaseStore:
     def holders(self, namespace: str) -> list[WorkerInfo]:
         leases, horizons = self._paths(namespace)
         shared = self._shared()
+        reserved = set(shared.children(self._reserved_path(namespace)))
         rows = []
         for name in sorted((c for c in shared.children(horizons) if c.isdigit()), key=int):
             try:
@@ -409,14 +493,27 @@ class ZooKeeperLeaseStore:
             try:
                 node = json.loads(shared.get(f"{leases}/{name}")[0])
             except self._kz.no_node:
-                rows.append(WorkerInfo(namespace, int(name), "", "", None, horizon))
+                rows.append(
+                    WorkerInfo(namespace, int(name), "", "", None, horizon, static=name in reserved)
+                )
                 continue
             # ZooKeeper has no per-node TTL: a lease node lives as long as its session, which
             # ends at most one session timeout after its holder stops heart-beating.
             expires_in = float(node.get("session", 0.0))
             owner, host = str(node.get("owner", "")), str(node.get("host", ""))
-            rows.append(WorkerInfo(namespace, int(name), owner, host, expires_in, horizon))
+            rows.append(
+                WorkerInfo(
+                    namespace, int(name), owner, host, expires_in, horizon, static=name in reserved
+                )
+            )
         return rows
+
+    def unreserve(self, namespace: str, worker_id: int) -> bool:
+        try:
+            self._shared().delete(f"{self._reserved_path(namespace)}/{worker_id}")
+        except self._kz.no_node:
+            return False
+        return True
 
     def close(self) -> None:
         with self._connect_lock:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .._errors import Closed, Exhausted, IdmintError, InvalidArgument, KeyNotFound, StoreUnavailable
+from .._fork import ForkAware
 from ..ids import Range, check_count, check_key_name
 from ..stores.base import RangeStore
 
@@ -131,7 +132,7 @@ class _Segment:
         return Range(min(drawn, stop), stop)
 
 
-class SegmentGenerator:
+class SegmentGenerator(ForkAware):
     """Ids of one key, served from ranges taken from a store. Thread-safe.
 
     Ids increase within a thread and trend upwards across processes (see docs/guarantees.md).
@@ -154,10 +155,17 @@ class SegmentGenerator:
         self.options = options or SegmentOptions()
         self._store = store
         self._clock = clock
+        self._closed = False
+        self._fresh_state()
+        self._watch_fork()
+        with self._cond:
+            self._start_refill()  # warm up in the background
+
+    def _fresh_state(self) -> None:
+        """Nothing held, nothing issued, no refiller: a new generator, or a forked child's."""
         self._cond = threading.Condition()
         self._seg = _Segment(Range(0, 0), 0.0)  # empty: the first call takes the slow path
         self._next: _Segment | None = None
-        self._closed = False
         self._stopping = threading.Event()  # cuts a refill's back-off short on close
         self._refill_thread: threading.Thread | None = None
         self._refilling = False
@@ -175,8 +183,13 @@ class SegmentGenerator:
         self._last_refill_at: datetime | None = None
         self._last_refill_seconds: float | None = None
         self._refill_seconds_total = 0.0
-        with self._cond:
-            self._start_refill()  # warm up in the background
+
+    def _after_fork(self) -> None:
+        # The parent goes on serving its ranges: the child drops them, never gives them back,
+        # and takes its own on its first call (the refiller thread did not survive the fork).
+        closed = self._closed
+        self._fresh_state()
+        self._closed = closed
 
     # -- the hot path ------------------------------------------------------------------------
 
@@ -235,6 +248,9 @@ class SegmentGenerator:
     def _next_id_slow(self, seg: _Segment, i: int, *, block: bool = True) -> int:
         """`i` was drawn from `seg` at or past its limit: serve it if it is still inside the
         range (and start the preload), else move on to the next range."""
+        if self._check_fork():  # a fork that bypassed the at-fork hook: `i` is the parent's
+            seg = self._seg
+            i = next(seg.ids)
         with self._cond:
             while True:
                 if i < seg.stop:
@@ -396,12 +412,14 @@ class SegmentGenerator:
 
     # -- lifecycle and figures ---------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self) -> list[Range]:
         """Stop serving and give back the unused ids when nobody allocated after them.
-        Never raises on a store failure: the ids are then skipped, never reused."""
+        Never raises on a store failure: the ids are then skipped, never reused. Returns the
+        unused ranges that did not go back (someone allocated after them, or the store
+        failed)."""
         with self._cond:
             if self._closed:
-                return
+                return []
             self._closed = True
             self._stopping.set()
             tail = self._seg.retire()
@@ -414,10 +432,11 @@ class SegmentGenerator:
         with self._cond:
             held = [tail] + ([Range(self._next.start, self._next.stop)] if self._next else [])
             self._next = None
-        if self.options.give_back:
-            self._give_back(held)
+        if not self.options.give_back:
+            return [r for r in held if r]
+        return self._give_back(held)
 
-    def _give_back(self, held: list[Range]) -> None:
+    def _give_back(self, held: list[Range]) -> list[Range]:
         # Merge the held ranges that touch, then return them from the top down: each return
         # works only while the store's counter stands at that range's stop.
         merged: list[Range] = []
@@ -428,15 +447,18 @@ class SegmentGenerator:
                 merged[-1] = Range(merged[-1].start, r.stop)
             else:
                 merged.append(r)
-        for r in reversed(merged):
+        while merged:
+            r = merged[-1]
             try:
                 if not self._store.give_back(self.key, r):
                     break
             except IdmintError as exc:
                 log.warning("key %r: could not give back %s: %s", self.key, r, exc)
                 break
+            merged.pop()
             with self._cond:
                 self._given_back += len(r)
+        return merged
 
     @property
     def closed(self) -> bool:

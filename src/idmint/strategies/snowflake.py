@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .._errors import (
     ClockMovedBackwards,
@@ -36,6 +36,7 @@ from .._errors import (
     LeaseLost,
     StoreUnavailable,
 )
+from .._fork import ForkAware
 from ..ids import check_count, check_key_name
 from ..layout import Decoded, Layout, layout_named
 from ..stores.base import Lease, LeaseStore
@@ -44,6 +45,7 @@ from .clock_offset import WARN_MS, ClockOffset
 log = logging.getLogger("idmint.snowflake")
 
 MAX_BATCH = 1_000_000
+DEFAULT_TTL = 10.0  # seconds
 _random = random.Random()
 
 
@@ -55,11 +57,12 @@ class SnowflakeOptions:
     random_start: start each tick's sequence at a random number below 100 (Leaf's option), so
         `id % n` sharding stays even when only a few ids are issued per tick.
     max_floor_wait: seconds a new holder waits for its clock to pass the previous holder's
-        horizon before it gives up with ClockMovedBackwards.
+        horizon before it gives up with ClockMovedBackwards (never less than ttl: a store in
+        its first ttl makes every holder wait until it is one ttl old, see LeaseKeeper).
     """
 
     namespace: str = "default"
-    ttl: float = 10.0
+    ttl: float = DEFAULT_TTL
     max_backstep_ms: float = 5.0
     random_start: bool = False
     max_floor_wait: float = 30.0
@@ -72,25 +75,48 @@ class SnowflakeOptions:
             raise InvalidArgument("max_backstep_ms and max_floor_wait must be at least 0")
 
 
-class LeaseKeeper:
+class LeaseKeeper(ForkAware):
     """Holds a worker lease: renews it on a background thread and answers, without I/O,
-    whether it may issue a given timestamp now."""
+    whether it may issue a given timestamp now.
+
+    With `worker_id`, the lease is a static claim on that one worker id (the store records it
+    and never leases it to anyone else); otherwise the store picks a free id."""
 
     def __init__(
-        self, store: LeaseStore, workers: int, options: SnowflakeOptions, wall_ms: Callable[[], int]
+        self,
+        store: LeaseStore,
+        workers: int,
+        options: SnowflakeOptions,
+        wall_ms: Callable[[], int],
+        *,
+        worker_id: int | None = None,
     ) -> None:
         self.store, self.workers, self.options = store, workers, options
+        self.static_worker_id = worker_id
         self._wall_ms = wall_ms
+        self._fresh_state()
+        self._watch_fork()
+
+    def _fresh_state(self) -> None:
         self._lock = threading.Lock()
         self._lease: Lease | None = None
         self._deadline = 0.0  # monotonic: no new tick after this without a renewal
         self._stop = threading.Event()
+        self._wake = threading.Event()  # renew or acquire now, not at the next interval
         self._error: IdmintError | None = None
+        self._started = False
+        self.worker_id: int | None = None  # of the last lease held, for stats
+        self.store_id: str | None = None  # the store identity the last lease came from
         self.renewals = 0
         self.reacquired = 0
         self.clock = ClockOffset()
         self._clock_warned = False
         self._thread = threading.Thread(target=self._run, name="idmint-lease", daemon=True)
+
+    def _after_fork(self) -> None:
+        # The lease is the parent's: the child never renews nor releases it, and takes its
+        # own worker id when it first issues (ensure()).
+        self._fresh_state()
 
     @property
     def margin(self) -> float:
@@ -98,9 +124,17 @@ class LeaseKeeper:
         return max(0.5, self.options.ttl * 0.1)
 
     def start(self) -> Lease:
+        """Take the first lease (raising what the store raised) and start renewing it."""
         lease = self._acquire()
+        self._started = True
         self._thread.start()
         return lease
+
+    def ensure(self) -> Lease:
+        """The valid lease; in a forked child, first a lease of its own. Raises LeaseLost."""
+        if self._check_fork() or not self._started:
+            self.start()
+        return self.lease()
 
     def _acquire(self) -> Lease:
         sent = time.monotonic()
@@ -111,24 +145,64 @@ class LeaseKeeper:
             ttl=self.options.ttl,
             horizon_ms=sent_ms + int(self.options.ttl * 1000),
             now_ms=sent_ms,  # prefer a worker id usable at once over the lowest one
+            worker_id=self.static_worker_id,
         )
         self._measure(sent_ms, lease)
+        if lease.store_created_ms is not None:
+            # A store that is younger than a ttl may have lost its data (wiped, or a new
+            # server behind the same address) while holders of its old life still issue
+            # under horizons it no longer knows: at most one ttl ahead of when it was made.
+            # Holders may use another ttl than ours: count on at least the default one.
+            longest = max(self.options.ttl, DEFAULT_TTL)
+            quarantine = lease.store_created_ms + int(longest * 1000)
+            if quarantine > lease.floor_ms:
+                lease = replace(lease, floor_ms=quarantine)
         with self._lock:
             self._lease, self._deadline, self._error = lease, sent + lease.ttl - self.margin, None
+            self.worker_id, self.store_id = lease.worker_id, lease.store_id
         return lease
 
     def extend(self) -> Lease:
-        """Renew now, moving the horizon to now + ttl. Raises LeaseLost or StoreUnavailable."""
-        lease = self.lease()
+        """Renew now, moving the horizon to now + ttl. A lease past its local deadline is
+        renewed too if the store still has it as ours (a paused process that nobody replaced
+        carries on). Raises LeaseLost (and drops the lease) or StoreUnavailable."""
+        with self._lock:
+            lease = self._lease
+        if lease is None:
+            raise LeaseLost(f"no worker lease in namespace {self.options.namespace!r}")
         sent = time.monotonic()
         sent_ms = self._wall_ms()
-        renewed = self.store.renew(lease, sent_ms + int(self.options.ttl * 1000))
+        try:
+            renewed = self.store.renew(lease, sent_ms + int(self.options.ttl * 1000))
+            self._check_continuity(lease, renewed)
+        except LeaseLost as exc:
+            with self._lock:
+                if self._lease is lease:
+                    self._lease, self._error = None, exc
+            self._wake.set()  # take a new lease at once
+            raise
         self._measure(sent_ms, renewed)
         with self._lock:
-            if self._lease is not None and self._lease.owner == renewed.owner:
+            if self._lease is lease:
                 self._lease, self._deadline = renewed, sent + renewed.ttl - self.margin
+                self._error = None
                 self.renewals += 1
         return renewed
+
+    @staticmethod
+    def _check_continuity(lease: Lease, renewed: Lease) -> None:
+        """The store must still be the one the lease came from, remembering what it recorded:
+        else it lost data, and a newcomer may take our worker id without our horizon."""
+        if renewed.store_id != lease.store_id:
+            raise LeaseLost(
+                f"the lease store's identity changed ({lease.store_id} -> {renewed.store_id}): "
+                "it lost its data; taking a new lease"
+            )
+        if renewed.horizon_ms < lease.horizon_ms:
+            raise LeaseLost(
+                f"the lease store forgot worker {lease.worker_id}'s horizon "
+                f"({renewed.horizon_ms} < {lease.horizon_ms}): it lost data; taking a new lease"
+            )
 
     def _measure(self, sent_ms: int, answer: Lease) -> None:
         """Take the store's clock reading of a round trip that began at sent_ms."""
@@ -172,32 +246,46 @@ class LeaseKeeper:
         # the lease's own, every ttl/3 or a little sooner. The jitter keeps many holders from
         # renewing in step, and samples the store's clock at many phases of its resolution
         # (etcd's Date header counts whole seconds), which tightens the offset estimate.
-        while not self._stop.wait((self._lease or self.options).ttl / 3 * _random.uniform(0.8, 1)):
-            try:
-                if self._lease is None:
-                    self._acquire()
-                    self.reacquired += 1
-                    log.warning("worker lease taken again: worker %d", self.lease().worker_id)
-                else:
-                    self.extend()
-            except LeaseLost as exc:
-                # Another process holds our worker id now: never renew it again.
-                log.warning("worker lease lost: %s", exc)
-                with self._lock:
-                    self._lease, self._error = None, exc
-            except IdmintError as exc:
-                log.warning(
-                    "cannot renew the worker lease (deadline in %.1f s): %s",
-                    self.deadline_in(),
-                    exc,
-                )
-                with self._lock:
-                    self._error = exc
-                    if self._lease is not None and time.monotonic() >= self._deadline:
-                        self._lease = None  # lapsed: take a fresh one when the store answers
+        while True:
+            ttl = (self._lease or self.options).ttl
+            self._wake.wait(ttl / 3 * _random.uniform(0.8, 1))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self._tend()
+
+    def _tend(self) -> None:
+        """One renewal, or one attempt to take a lease when there is none."""
+        try:
+            if self._lease is not None:
+                self.extend()
+                return
+        except LeaseLost as exc:
+            # Another process holds our worker id now, or the store lost it: never renew it
+            # again; a new lease is taken just below.
+            log.warning("worker lease lost: %s", exc)
+        except IdmintError as exc:
+            # Keep the lease: the store may still have it as ours when it answers again, even
+            # past our deadline (until then lease() refuses new ticks).
+            log.warning(
+                "cannot renew the worker lease (deadline in %.1f s): %s", self.deadline_in(), exc
+            )
+            with self._lock:
+                self._error = exc
+            return
+        try:
+            lease = self._acquire()
+        except IdmintError as exc:
+            with self._lock:
+                self._error = exc
+            log.warning("cannot take a worker lease: %s", exc)
+            return
+        self.reacquired += 1
+        log.warning("worker lease taken again: worker %d", lease.worker_id)
 
     def close(self, issued_ms: int | None) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(5)
         with self._lock:
@@ -214,13 +302,16 @@ class LeaseKeeper:
                 )
 
 
-class SnowflakeGenerator:
+class SnowflakeGenerator(ForkAware):
     """Time-sorted 63-bit (or fewer) ids from a leased worker id. Thread-safe.
 
     flakes = SnowflakeGenerator(lease_store, "twitter")
     flakes.next_id()            # 1861905812123455488
     flakes.decode(1861905812123455488).time
     flakes.close()              # releases the worker id
+
+    `worker_id=N` claims that worker id statically instead (see LeaseKeeper). In a forked
+    child the generator takes a lease of its own before it issues anything.
     """
 
     def __init__(
@@ -229,6 +320,7 @@ class SnowflakeGenerator:
         layout: str | Layout = "twitter",
         options: SnowflakeOptions | None = None,
         *,
+        worker_id: int | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.layout = layout_named(layout)
@@ -243,22 +335,41 @@ class SnowflakeGenerator:
             )
         if now_ms < self.layout.epoch_ms:
             raise InvalidArgument(f"the clock is before layout {self.layout.name!r}'s epoch")
-        self._lock = threading.Lock()
         self._closed = False
         self._last_tick = -1
-        self._issued_ms: int | None = None
-        self._rollbacks = 0
-        self._keeper = LeaseKeeper(store, self.layout.workers, self.options, self._wall_ms)
-        self.worker_id = self._keeper.start().worker_id
-        self._cur: tuple[int, int, Iterator[int]] = (0, 0, iter(()))  # start_ns, end_ns, ids
-        self.instance = uuid.uuid4().hex[:8]
+        self._fresh_state()
+        self._keeper = LeaseKeeper(
+            store, self.layout.workers, self.options, self._wall_ms, worker_id=worker_id
+        )
+        lease = self._keeper.start()
+        self._watch_fork()
         years = self.layout.runway_years(now_ms)
         log.info(
             "snowflake %s: worker %d, %.1f years of time bits left",
             self.layout.name,
-            self.worker_id,
+            lease.worker_id,
             years,
         )
+
+    def _fresh_state(self) -> None:
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._issued_ms: int | None = None
+        self._rollbacks = 0
+        self._cur: tuple[int, int, Iterator[int]] = (0, 0, iter(()))  # start_ns, end_ns, ids
+        self.instance = uuid.uuid4().hex[:8]
+
+    def _after_fork(self) -> None:
+        # The tick being served belongs to the parent's worker id: drop it. The keeper takes
+        # the child's own lease at the next tick. _last_tick stays: ticks only move forward.
+        self._fresh_state()
+
+    @property
+    def worker_id(self) -> int:
+        """The worker id of the current (or last) lease."""
+        worker_id = self._keeper.worker_id
+        assert worker_id is not None  # the constructor took a lease
+        return worker_id
 
     def _wall_ms(self) -> int:
         return self._clock_ns() // 1_000_000
@@ -288,9 +399,10 @@ class SnowflakeGenerator:
         return out
 
     def _next_slow(self) -> int:
+        self._check_fork()
         with self._lock:
             while True:
-                if self._closed:
+                if self._closed or self._closing.is_set():
                     raise Closed("the snowflake generator is closed")
                 start, end, ids = self._cur
                 now = self._clock_ns()
@@ -317,13 +429,13 @@ class SnowflakeGenerator:
             return
         if tick > self.layout.max_ticks:
             raise InvalidArgument(f"layout {self.layout.name!r} ran out of time bits")
-        lease = self._keeper.lease()
+        lease = self._keeper.ensure()
         first_ms = self.layout.tick_start_ms(tick)
         last_ms = first_ms + self.layout.tick_ms - 1
         if first_ms <= lease.floor_ms:
             # A previous holder of this worker id may have issued up to floor_ms.
             wait_ms = lease.floor_ms + 1 - first_ms
-            if wait_ms > self.options.max_floor_wait * 1000:
+            if wait_ms > max(self.options.max_floor_wait, self.options.ttl, DEFAULT_TTL) * 1000:
                 raise ClockMovedBackwards(wait_ms)
             self._sleep_ns(wait_ms * 1_000_000)
             return
@@ -352,8 +464,9 @@ class SnowflakeGenerator:
 
     def _sleep_ns(self, ns: int) -> None:
         # Event.wait, not time.sleep: under libfaketime with a faked monotonic clock,
-        # time.sleep can misbehave; a bounded wait on an event does not.
-        threading.Event().wait(max(ns, 50_000) / 1e9)
+        # time.sleep can misbehave; a bounded wait on an event does not. close() sets it, so
+        # a long wait (a previous holder's horizon) never holds up shutdown.
+        self._closing.wait(max(ns, 50_000) / 1e9)
 
     # -- the rest ----------------------------------------------------------------------------
 
@@ -382,6 +495,7 @@ class SnowflakeGenerator:
     def close(self) -> None:
         """Stop issuing and release the worker id (its horizon comes down to the last tick
         issued, so the next holder need not wait)."""
+        self._closing.set()  # wakes a caller waiting for a tick, which holds the lock
         with self._lock:
             if self._closed:
                 return
