@@ -12,7 +12,7 @@ import time
 
 from idmint import Range, StoreUnavailable
 from idmint.ids import Allocation, Key
-from idmint.stores.base import RangeStore
+from idmint.stores.base import RangeStore, StoreIdentity
 
 
 class FaultyStore:
@@ -73,6 +73,10 @@ class FaultyStore:
     def give_back(self, name: str, unused: Range) -> bool:
         self._check()
         return self.inner.give_back(name, unused)
+
+    def identity(self) -> StoreIdentity | None:
+        self._check()
+        return self.inner.identity()
 
     def raise_floor(self, name: str, to: int) -> Key:
         self._check()
