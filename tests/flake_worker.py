@@ -1,6 +1,6 @@
 """A snowflake process for the lease tests: takes a worker id, issues ids, releases, repeats.
 
-    python tests/flake_worker.py URL NAMESPACE TTL [--hold SECONDS]
+    python tests/flake_worker.py URL NAMESPACE TTL [--hold SECONDS] [--worker-id N [--state F]]
 
 Prints, flushing each line: `L worker time` when it holds a lease, `I id id ...` for ids issued,
 `R worker time` just before it releases, `E error-class` on a typed error. The tests read these
@@ -35,12 +35,14 @@ def main() -> None:
     parser.add_argument("ttl", type=float)
     parser.add_argument("--hold", type=float, default=2.0, help="seconds to hold a lease")
     parser.add_argument("--exact", action="store_true", help="hold exactly --hold seconds")
+    parser.add_argument("--worker-id", type=int, help="claim this worker id statically")
+    parser.add_argument("--state", help="and keep its horizon in this file too")
     args = parser.parse_args()
     options = SnowflakeOptions(namespace=args.namespace, ttl=args.ttl)
     with idmint.connect(args.url) as minter:
         while True:
             try:
-                gen = minter.snowflake(LAYOUT, options)
+                gen = minter.snowflake(LAYOUT, options, worker_id=args.worker_id, state=args.state)
             except IdmintError as exc:
                 say(f"E {type(exc).__name__}")
                 time.sleep(0.1)

@@ -4,85 +4,18 @@ and no id repeats."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from checks import assert_unique
+from flake_procs import assert_no_two_holders, read, start, wait_for_ids
 
-WORKER = str(Path(__file__).with_name("flake_worker.py"))
 SOAK_SECONDS = float(os.environ.get("IDMINT_SOAK_SECONDS", "60"))
-
-
-def start(
-    url: str, namespace: str, ttl: float, hold: float = 2.0, *, exact: bool = False
-) -> subprocess.Popen[bytes]:
-    # Output to a file, not a pipe: a pipe nobody reads fills up and stalls the worker.
-    fd, name = tempfile.mkstemp(prefix="idmint-flake-", suffix=".out")
-    with os.fdopen(fd, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, WORKER, url, namespace, str(ttl), "--hold", str(hold)]
-            + (["--exact"] if exact else []),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    OUTPUTS[proc.pid] = Path(name)
-    return proc
-
-
-OUTPUTS: dict[int, Path] = {}
-
-
-def read(
-    proc: subprocess.Popen[bytes], ended_at: float
-) -> tuple[list[int], list[tuple[int, float, float]], list[str]]:
-    """Ids, (worker, from, to) hold intervals and error names of a finished process."""
-    proc.wait(timeout=60)
-    path = OUTPUTS.pop(proc.pid)
-    out = path.read_bytes()
-    path.unlink()
-    if proc.returncode not in (-signal.SIGKILL, -signal.SIGTERM):
-        raise AssertionError(f"worker exited {proc.returncode}: {out.decode()[-3000:]}")
-    ids: list[int] = []
-    holds: list[tuple[int, float, float]] = []
-    errors: list[str] = []
-    held: tuple[int, float] | None = None
-    for line in out.decode().split("\n")[:-1]:  # the last piece may be cut by kill -9
-        kind, _, rest = line.partition(" ")
-        if kind == "I":
-            ids += [int(x) for x in rest.split()]
-        elif kind == "L":
-            wid, at = rest.split()
-            held = (int(wid), float(at))
-        elif kind == "R" and held is not None:
-            holds.append((held[0], held[1], float(rest.split()[1])))
-            held = None
-        elif kind == "E":
-            errors.append(rest)
-    if held is not None:
-        holds.append((held[0], held[1], ended_at))  # held until it was killed
-    return ids, holds, errors
-
-
-def assert_no_two_holders(holds: list[tuple[int, int, float, float]]) -> None:
-    by_worker: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
-    for proc, wid, begin, end in holds:
-        by_worker[wid].append((begin, end, proc))
-    for wid, spans in by_worker.items():
-        spans.sort()
-        for (_, e1, p1), (b2, _, p2) in itertools.pairwise(spans):
-            assert p1 == p2 or e1 <= b2, (
-                f"worker {wid} held by process {p1} until {e1:.3f} and by {p2} from {b2:.3f}"
-            )
 
 
 @pytest.mark.slow
@@ -129,7 +62,7 @@ def test_a_paused_holder_issues_nothing_under_its_old_lease(
     url = fresh_store_url(kind, request, tmp_path)
     ttl = 2.0
     first = start(url, "pause", ttl, hold=60, exact=True)  # holds its lease throughout
-    time.sleep(1.5)  # it holds worker 0 and issues
+    wait_for_ids(first)  # it holds worker 0 and issues
     first.send_signal(signal.SIGSTOP)
     stopped_at = time.time()
     time.sleep(ttl + 1.0)  # its lease expires

@@ -182,7 +182,14 @@ class StateFileLeases:
         return replace(lease, floor_ms=max(lease.floor_ms, local.floor_ms))
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
-        renewed = self.store.renew(lease, horizon_ms)
+        try:
+            renewed = self.store.renew(lease, horizon_ms)
+        except LeaseLost:
+            # The holder takes a new lease next: free the file for it (its horizon stays).
+            local = self._local.pop(lease.owner, None)
+            if local is not None:
+                self.state.release(local)
+            raise
         local = self._local.get(lease.owner)
         if local is not None:
             self._local[lease.owner] = self.state.renew(local, renewed.horizon_ms)
