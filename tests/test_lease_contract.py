@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
-from idmint import LeaseLost, WorkersExhausted
+from idmint import LeaseLost, WorkerInUse, WorkersExhausted
 from idmint.stores import open_lease_store
 from idmint.stores.base import Lease, LeaseStore
 
@@ -168,3 +169,46 @@ def test_acquire_prefers_an_id_usable_now(store: LeaseStore) -> None:
     # Without now_ms, plainly the lowest free id.
     store.release(again)
     assert take(store).worker_id == 0
+
+
+def test_a_renewal_that_finds_its_horizon_forgotten_is_lease_lost(store: LeaseStore) -> None:
+    # The holder was given NOW + 9000; the store now says NOW (restored from an older copy).
+    lease = take(store, horizon=NOW)
+    remembered = replace(lease, horizon_ms=NOW + 9000)
+    with pytest.raises(LeaseLost, match="forgot worker 0's horizon"):
+        store.renew(remembered, NOW + 10_000)
+
+
+def test_static_claims(store: LeaseStore) -> None:
+    claimed = store.acquire("st", workers=4, ttl=30, horizon_ms=NOW, worker_id=2)
+    assert (claimed.worker_id, claimed.static) == (2, True)
+    with pytest.raises(WorkerInUse, match="worker id 2 of namespace 'st' is held by"):
+        store.acquire("st", workers=4, ttl=30, horizon_ms=NOW, worker_id=2)
+    with pytest.raises(ValueError, match="does not fit"):
+        store.acquire("st", workers=4, ttl=30, horizon_ms=NOW, worker_id=4)
+    store.release(claimed, issued_ms=NOW + 5)
+    # Released, it stays reserved: leases skip it even when it is the last free id.
+    assert sorted(take(store, ns="st").worker_id for _ in range(3)) == [0, 1, 3]
+    with pytest.raises(WorkersExhausted):
+        take(store, ns="st")
+    again = store.acquire("st", workers=4, ttl=30, horizon_ms=NOW, worker_id=2)
+    assert again.floor_ms == NOW + 5  # fenced above what the last static holder issued
+    rows = {row.worker_id: row for row in store.holders("st")}
+    assert rows[2].static and not rows[0].static
+    store.release(again)
+    assert store.unreserve("st", 2) and not store.unreserve("st", 2)
+    assert take(store, ns="st").worker_id == 2
+
+
+def test_an_identity_on_every_answer(store: LeaseStore) -> None:
+    identity = store.identity()
+    assert identity is not None and len(identity.id) >= 32
+    lease = take(store)
+    assert lease.store_id == identity.id == store.renew(lease, NOW + 1).store_id
+    assert store.identity() == identity  # made once
+    if store.display_url.startswith("memory"):
+        assert identity.created_ms is None  # cannot lose its data under a live holder
+    else:
+        assert identity.created_ms is not None
+        assert abs(identity.created_ms - time.time() * 1000) < 60_000
+        assert lease.store_created_ms == identity.created_ms

@@ -22,7 +22,7 @@ from typing import Any
 
 from .._errors import LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
 from ._sql import RESERVED_TABLE, Dialect, SqlConnection
-from .base import Lease, WorkerInfo, check_claim, pick_worker
+from .base import Lease, WorkerInfo, check_claim, forgotten, pick_worker
 
 WORKERS_TABLE = "idmint_workers"
 CREATE_WORKERS_TABLE = f"""
@@ -73,8 +73,9 @@ class SqlLeaseStore(SqlConnection):
         )
         self._renew = (
             f"UPDATE {t} SET expires_ms = {now} + {p}, horizon_ms = {g}(horizon_ms, {p}) "
-            f"WHERE {where} AND owner = {p}"
+            f"WHERE {where} AND owner = {p} AND horizon_ms >= {p}"
         )
+        self._holder = f"SELECT owner, horizon_ms FROM {t} WHERE {where}"
         self._horizon = f"SELECT horizon_ms, {now} FROM {t} WHERE {where}"
         self._now = f"SELECT {now}"
         self._release = f"UPDATE {t} SET owner = '', expires_ms = 0 WHERE {where} AND owner = {p}"
@@ -174,8 +175,13 @@ class SqlLeaseStore(SqlConnection):
         key = (lease.namespace, lease.worker_id)
 
         def body(cur: Any) -> Lease:
-            cur.execute(self._renew, (int(lease.ttl * 1000), horizon_ms, *key, lease.owner))
+            ttl_ms = int(lease.ttl * 1000)
+            cur.execute(self._renew, (ttl_ms, horizon_ms, *key, lease.owner, lease.horizon_ms))
             if cur.rowcount != 1:
+                cur.execute(self._holder, key)
+                row = cur.fetchone()
+                if row is not None and row[0] == lease.owner:
+                    raise forgotten(lease, int(row[1]))
                 raise LeaseLost(
                     f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
                 )

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .._errors import InvalidArgument
+from .._errors import InvalidArgument, LeaseLost
 from ..ids import Allocation, Key, Range
 
 
@@ -156,7 +156,9 @@ class LeaseStore(Protocol):
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         """Extend the lease by its ttl and raise its horizon to `horizon_ms` (never lower it).
         Sets `store_ms` where the store has a clock, and the store's identity as it is now.
-        Raises LeaseLost when another owner holds the id now."""
+        Raises LeaseLost when another owner holds the id now, or when the stored horizon is
+        below `lease.horizon_ms` (the store forgot what it recorded: restored from an older
+        copy), in the same atomic step that would have raised it."""
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         """Free the worker id at once. With `issued_ms` (the holder's last issued timestamp,
@@ -175,6 +177,19 @@ class LeaseStore(Protocol):
 
     def close(self) -> None:
         """Release connections (not the leases)."""
+
+
+class HorizonForgotten(LeaseLost):
+    """A renewal found a lower horizon than the store gave the holder."""
+
+
+def forgotten(lease: Lease, stored_horizon_ms: int) -> LeaseLost:
+    """The error of a renewal that found `lease`'s worker id with a lower horizon than the
+    store gave the holder: the store lost data, and someone may have taken the id below it."""
+    return HorizonForgotten(
+        f"the lease store forgot worker {lease.worker_id}'s horizon ({stored_horizon_ms} < "
+        f"{lease.horizon_ms}): it lost data; taking a new lease"
+    )
 
 
 def check_claim(worker_id: int, workers: int) -> int:

@@ -35,7 +35,7 @@ import httpx
 from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
 from .._fork import ForkAware, orphan
 from ._sql_leases import holder_name
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, pick_worker
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
 
 DATE_STEP_MS = 1000  # an HTTP Date header counts whole seconds
 ATTEMPTS = 100  # optimistic transactions lost in a row to concurrent writers: each lost one
@@ -317,6 +317,8 @@ class EtcdLeaseStore(ForkAware):
             store_id = json.loads(_unb64(meta[0]["value"]))["id"] if meta else None
             kvs = _kvs(read["responses"][0])
             current, host, mod = _horizon(kvs[0] if kvs else None)
+            if current < lease.horizon_ms:
+                raise forgotten(lease, current)
             horizon = max(current, horizon_ms)
             if horizon == current:
                 break

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .._errors import LeaseLost, WorkerInUse, WorkersExhausted
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, pick_worker
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
 
 
 @dataclass
@@ -88,6 +88,8 @@ class MemoryLeaseStore:
             slot = self._slots.get((lease.namespace, lease.worker_id))
             if slot is None or slot.owner != lease.owner:
                 raise LeaseLost(f"worker {lease.worker_id} of {lease.namespace!r} has a new owner")
+            if slot.horizon_ms < lease.horizon_ms:
+                raise forgotten(lease, slot.horizon_ms)
             slot.expires = self._clock() + lease.ttl
             slot.horizon_ms = max(slot.horizon_ms, horizon_ms)
             return replace(lease, horizon_ms=slot.horizon_ms, store_id=self._identity.id)

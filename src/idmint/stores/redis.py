@@ -36,7 +36,7 @@ from .._errors import (
     WorkerInUse,
     WorkersExhausted,
 )
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -114,20 +114,22 @@ local now = redis.call('TIME')
 return {chosen, floor, horizon, now[1], now[2], meta}
 """
 
-# KEYS: lease, horizon hash, meta. ARGV: owner, ttl_ms, horizon_ms. Returns {horizon, TIME's
-# seconds, TIME's microseconds, the meta id}, or false when another owner took the id. A lease
-# that expired but that nobody took since (the hash still names us) is taken back: no one else
-# can have issued ids under it in between.
+# KEYS: lease, horizon hash, meta. ARGV: owner, ttl_ms, horizon_ms, the horizon the holder
+# was given last. Returns {horizon, TIME's seconds, TIME's microseconds, the meta id}; false
+# when another owner took the id; {-1, stored horizon} when the stored horizon is below the
+# holder's (the store lost data). A lease that expired but that nobody took since (the hash
+# still names us) is taken back: no one else can have issued ids under it in between.
 _RENEW = """
 local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-elseif current == false and redis.call('HGET', KEYS[2], 'owner') == ARGV[1] then
+local lapsed = current == false and redis.call('HGET', KEYS[2], 'owner') == ARGV[1]
+if current ~= ARGV[1] and not lapsed then return false end
+local horizon = redis.call('HGET', KEYS[2], 'horizon') or '0'
+if tonumber(horizon) < tonumber(ARGV[4]) then return {-1, horizon} end
+if lapsed then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 else
-    return false
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-local horizon = redis.call('HGET', KEYS[2], 'horizon') or '0'
 if tonumber(ARGV[3]) > tonumber(horizon) then
     horizon = ARGV[3]
     redis.call('HSET', KEYS[2], 'horizon', horizon)
@@ -257,13 +259,15 @@ class RedisLeaseStore:
 
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         keys = [*self._keys(lease.namespace, lease.worker_id), f"{self._prefix}:meta"]
-        args: list[str | int] = [lease.owner, _ms(lease.ttl), horizon_ms]
+        args: list[str | int] = [lease.owner, _ms(lease.ttl), horizon_ms, lease.horizon_ms]
         got = self._call(lambda: self._renew(keys=keys, args=args))
         if got is None:
             raise LeaseLost(
                 f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
             )
         answer = cast(list[Any], got)
+        if int(answer[0]) < 0:
+            raise forgotten(lease, int(answer[1]))
         horizon, seconds, micros = (int(v) for v in answer[:3])
         return replace(
             lease,

@@ -50,7 +50,15 @@ from .._errors import (
 from .._fork import ForkAware, orphan
 from ..ids import check_key_name
 from ._sql_leases import holder_name
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, pick_worker
+from .base import (
+    HorizonForgotten,
+    Lease,
+    StoreIdentity,
+    WorkerInfo,
+    check_claim,
+    forgotten,
+    pick_worker,
+)
 
 DEFAULT_CHROOT = "/idmint"
 PREFERENCE_LOOKS = 32  # free ids whose horizon acquire reads (a round trip each) to prefer one
@@ -354,12 +362,20 @@ class ZooKeeperLeaseStore(ForkAware):
             return 0
 
     def _move_horizon(
-        self, session: _Session, path: str, owner: str, horizon_ms: int, *, take: bool
+        self,
+        session: _Session,
+        path: str,
+        owner: str,
+        horizon_ms: int,
+        *,
+        take: bool,
+        known: Lease | None = None,
     ) -> tuple[int, int, int | None]:
         """(stored horizon, new horizon, the write's mtime or None when nothing was written)
         after raising the horizon to horizon_ms by compare-and-set.
 
-        `take`: make `owner` the horizon's holder; else raise LeaseLost if it is not."""
+        `take`: make `owner` the horizon's holder; else raise LeaseLost if it is not, or if
+        the stored horizon is below the one the `known` lease was given."""
         kz = self._kz
         while True:
             try:
@@ -374,6 +390,8 @@ class ZooKeeperLeaseStore(ForkAware):
             stored, holder = _parse_horizon(data)
             if not take and holder != owner:
                 raise LeaseLost(f"{path} has another holder")
+            if known is not None and stored < known.horizon_ms:
+                raise forgotten(known, stored)
             new = max(stored, horizon_ms)
             if new == stored and holder == owner:
                 return stored, stored, None
@@ -446,7 +464,7 @@ class ZooKeeperLeaseStore(ForkAware):
                 if json.loads(data).get("owner") != lease.owner:
                     raise lost
                 _, horizon, written_ms = self._move_horizon(
-                    session, horizon_path, lease.owner, horizon_ms, take=False
+                    session, horizon_path, lease.owner, horizon_ms, take=False, known=lease
                 )
                 store_id = self._stored_id(session)
             except (LeaseLost, _SessionGone) as exc:
@@ -455,7 +473,7 @@ class ZooKeeperLeaseStore(ForkAware):
                     held.timer.cancel()
                 self._forget(lease.owner)
                 session.stop()
-                raise lost from exc
+                raise (exc if isinstance(exc, HorizonForgotten) else lost) from exc
             self._arm(lease.owner, held, lease.ttl)
         return replace(lease, horizon_ms=horizon, store_ms=written_ms, store_id=store_id)
 

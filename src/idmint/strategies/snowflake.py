@@ -191,17 +191,13 @@ class LeaseKeeper(ForkAware):
 
     @staticmethod
     def _check_continuity(lease: Lease, renewed: Lease) -> None:
-        """The store must still be the one the lease came from, remembering what it recorded:
-        else it lost data, and a newcomer may take our worker id without our horizon."""
+        """The store must still be the one the lease came from: else it lost its data, and a
+        newcomer may take our worker id without our horizon. (A store that forgot a horizon
+        but kept its identity says so itself: renew raises LeaseLost.)"""
         if renewed.store_id != lease.store_id:
             raise LeaseLost(
                 f"the lease store's identity changed ({lease.store_id} -> {renewed.store_id}): "
                 "it lost its data; taking a new lease"
-            )
-        if renewed.horizon_ms < lease.horizon_ms:
-            raise LeaseLost(
-                f"the lease store forgot worker {lease.worker_id}'s horizon "
-                f"({renewed.horizon_ms} < {lease.horizon_ms}): it lost data; taking a new lease"
             )
 
     def _measure(self, sent_ms: int, answer: Lease) -> None:
