@@ -175,8 +175,8 @@ class Minter(ForkAware):
     def close(self, timeout: float = CLOSE_TIMEOUT) -> list[tuple[str, Range]]:
         """Close every generator (giving unused tails back), then the store, within `timeout`
         seconds whatever the store does. Returns the (key, range) pairs that did not go back:
-        those ids are skipped, never reused. A store that does not answer in time leaves the
-        rest skipped too, and the log says so."""
+        those ids are skipped, never reused. Generators still waiting for the store when the
+        time is up are left to finish on their own, and the log says so."""
         with self._lock:
             self._closed = True
             generators, self._segments = list(self._segments.values()), {}
@@ -196,8 +196,9 @@ class Minter(ForkAware):
         closer.join(timeout)
         if closer.is_alive():
             log.warning(
-                "store %s did not answer within %g s while closing: the unused ids of %d "
-                "generators that were still closing are skipped, never reused",
+                "store %s did not answer within %g s while closing: %d generators were still "
+                "giving back their unused ids (they go back if the store answers later and "
+                "nobody allocated after them; else they are skipped, never reused)",
                 self.url,
                 timeout,
                 len(generators) + len(flakes),
