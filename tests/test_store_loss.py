@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ import pytest
 import redis
 from server_etcd import EtcdServer
 
-from idmint import LeaseLost
+import idmint
+from idmint import CounterWentBack, LeaseLost, SegmentOptions, StoreUnavailable
 from idmint.stores import open_lease_store
 from idmint.strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
@@ -97,3 +99,20 @@ def test_a_forgotten_horizon_is_lease_lost(redis_server: Any) -> None:
     assert lease.worker_id == 0
     gen.close()
     store.close()
+
+
+def test_a_counter_restored_to_the_past_stops_the_segment_generator(tmp_path: Path) -> None:
+    # A database restored from yesterday's backup: the key's counter is back below ids that
+    # were handed out. The generator must not serve the range it now gets.
+    url = f"sqlite:///{tmp_path / 'restored.db'}"
+    with idmint.connect(url) as minter:
+        minter.add_key("order", step=100)
+        gen = minter.segment("order", SegmentOptions(preload_at=1.0))
+        served = gen.next_ids(100)  # the whole first range
+        with sqlite3.connect(tmp_path / "restored.db") as db:  # the restore
+            db.execute("UPDATE idmint_keys SET max_id = 1 WHERE name = 'order'")
+        with pytest.raises(CounterWentBack, match="went back: it handed out 1, below 101"):
+            served += gen.next_ids(10)
+        with pytest.raises(StoreUnavailable, match="went back"):
+            gen.next_id()  # for good: a later range from the same store is no better
+        assert_unique(served)

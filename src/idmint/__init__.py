@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import (
     ClockMovedBackwards,
     Closed,
+    CounterWentBack,
     DriverMissing,
     Exhausted,
     IdmintError,
@@ -53,6 +54,7 @@ __all__ = [
     "Client",
     "ClockMovedBackwards",
     "Closed",
+    "CounterWentBack",
     "DriverMissing",
     "Exhausted",
     "IdmintError",

@@ -7,6 +7,7 @@
      ├── KeyExists              `add` of a key that is already there
      ├── Exhausted              a bounded key has no ids left
      ├── StoreUnavailable       the store cannot be reached or did not answer in time; transient
+     │    └── CounterWentBack    a key's counter moved below ids this process took: data lost
      ├── WorkersExhausted       every worker id of a namespace is leased
      ├── WorkerInUse            a static worker id is held by another live process
      ├── LeaseLost              a snowflake generator's worker lease lapsed: it stopped issuing
@@ -60,6 +61,20 @@ class Exhausted(IdmintError):
 
 class StoreUnavailable(IdmintError):
     """The store could not be reached, failed, or did not answer within the bound."""
+
+
+class CounterWentBack(StoreUnavailable):
+    """The store handed out a range below one this process already took for the key: it lost
+    data (restored from a backup, wiped and re-created). The generator stops for good."""
+
+    def __init__(self, key: str, start: int, taken_up_to: int) -> None:
+        super().__init__(
+            f"the store's counter for key {key!r} went back: it handed out {start}, below "
+            f"{taken_up_to} which this process already took; it lost data (restored from a "
+            f"backup, or wiped), so its ids may repeat. Raise the key above every id handed out "
+            f"(idmint keys raise {key} --to N) and restart"
+        )
+        self.key, self.start, self.taken_up_to = key, start, taken_up_to
 
 
 class WorkersExhausted(IdmintError):

@@ -25,7 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from .._errors import Closed, Exhausted, IdmintError, InvalidArgument, KeyNotFound, StoreUnavailable
+from .._errors import (
+    Closed,
+    CounterWentBack,
+    Exhausted,
+    IdmintError,
+    InvalidArgument,
+    KeyNotFound,
+    StoreUnavailable,
+)
 from .._fork import ForkAware
 from ..ids import Range, check_count, check_key_name
 from ..stores.base import RangeStore
@@ -171,6 +179,8 @@ class SegmentGenerator(ForkAware):
         self._refilling = False
         self._error: IdmintError | None = None
         self._error_at = 0.0
+        self._lost: CounterWentBack | None = None  # final: the store lost data
+        self._taken_up_to = 0  # the highest range end taken; the store's counter never drops below
         # Dynamic step: the step of the last range and when it was taken.
         self._step: int | None = None
         self._key_step: int | None = None
@@ -279,6 +289,8 @@ class SegmentGenerator(ForkAware):
                 return
             # A failing refill (still retrying, just failed, or the one we waited for) answers
             # for the store: fail fast rather than make every caller wait out the bound.
+            if self._lost is not None:
+                raise self._fresh(self._lost)
             error = self._error
             if error is not None and (
                 waited
@@ -309,6 +321,8 @@ class SegmentGenerator(ForkAware):
             fresh = KeyNotFound(error.key)
         elif isinstance(error, Exhausted):
             fresh = Exhausted(error.key, error.last_id)
+        elif isinstance(error, CounterWentBack):
+            fresh = CounterWentBack(error.key, error.start, error.taken_up_to)
         else:
             fresh = StoreUnavailable(f"no ids buffered for key {self.key!r}: {error}")
         fresh.__cause__ = error
@@ -322,6 +336,8 @@ class SegmentGenerator(ForkAware):
         The thread is made once, here in the constructor's call: starting a thread blocks the
         caller until the new thread runs, which would cost the hot path a millisecond.
         """
+        if self._lost is not None:
+            return  # never again from a store that lost data
         self._refilling = True
         self._error = None
         if self._refill_thread is None:
@@ -379,6 +395,17 @@ class SegmentGenerator(ForkAware):
                 log.exception("unexpected error loading a range for key %r", self.key)
                 error = StoreUnavailable(f"{type(exc).__name__}: {exc}")
             else:
+                if taken.range.start < self._taken_up_to:
+                    # Counters only move up, and a give-back never reaches below a range
+                    # someone took after it: this store forgot what it handed out.
+                    lost = CounterWentBack(self.key, taken.range.start, self._taken_up_to)
+                    log.error("%s", lost)
+                    with self._cond:
+                        self._lost = self._error = lost
+                        self._error_at = time.monotonic()
+                        self._refilling = False
+                        self._cond.notify_all()
+                    return
                 with self._cond:
                     self._install(taken.range, step or taken.key.step, taken.key.step, started)
                     self._refilling = False
@@ -402,6 +429,7 @@ class SegmentGenerator(ForkAware):
         """Make a fresh range the next segment. Called with `_cond` held; if the generator
         closed meanwhile, close() gives it back (nobody draws from `_next`)."""
         self._next = _Segment(taken, self.options.preload_at)
+        self._taken_up_to = max(self._taken_up_to, taken.stop)
         self._taken += len(taken)
         self._step, self._key_step = step, key_step
         self._last_taken_at = self._clock()
