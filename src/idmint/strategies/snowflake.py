@@ -361,11 +361,10 @@ class SnowflakeGenerator(ForkAware):
         self._fresh_state()
 
     @property
-    def worker_id(self) -> int:
-        """The worker id of the current (or last) lease."""
-        worker_id = self._keeper.worker_id
-        assert worker_id is not None  # the constructor took a lease
-        return worker_id
+    def worker_id(self) -> int | None:
+        """The worker id of the current (or last) lease; None in a forked child that has not
+        issued yet (the parent's is not its own)."""
+        return self._keeper.worker_id
 
     def _wall_ms(self) -> int:
         return self._clock_ns() // 1_000_000
