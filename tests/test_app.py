@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from idmint import InvalidArgument
 from idmint.server import App, ServerConfig
 from idmint.server.config import read_config_file
 
@@ -25,7 +26,7 @@ def call(
 
 @pytest.fixture
 def app(tmp_path: Path) -> App:
-    return App(ServerConfig(store=f"sqlite:///{tmp_path / 'app.db'}"))
+    return App(ServerConfig(store=f"sqlite:///{tmp_path / 'app.db'}", admin_loopback=True))
 
 
 def test_asgi_shell_serves_every_kind_of_route(app: App) -> None:
@@ -48,6 +49,35 @@ def test_admin_without_token_answers_loopback_only(app: App) -> None:
     # The id routes are for everyone.
     call(app, "POST", "/v1/keys", json={"name": "x"})
     assert call(app, "GET", "/api/segment/get/x", client="192.0.2.7").status_code == 200
+
+
+def test_admin_needs_the_token_unless_loopback_is_opted_in(tmp_path: Path) -> None:
+    # Behind a reverse proxy on the same host every client is loopback: loopback alone must
+    # not open key admin.
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'p.db'}"))
+    for client in ("127.0.0.1", "::1", "192.0.2.7"):
+        refused = call(app, "GET", "/v1/keys", client=client)
+        assert refused.status_code == 403, client
+        assert "--token" in refused.text and "--admin-loopback" in refused.text
+        assert refused.text.count("\n") == 1
+    assert call(app, "POST", "/v1/keys", json={"name": "x"}).status_code == 403
+    with_token = App(ServerConfig(store=f"sqlite:///{tmp_path / 'p.db'}", token="tok"))
+    assert call(with_token, "GET", "/v1/keys").status_code == 401  # loopback, no token
+    good = {"authorization": "Bearer tok"}
+    assert call(with_token, "GET", "/v1/keys", headers=good).status_code == 200
+
+
+def test_non_ascii_tokens_are_no_500(tmp_path: Path) -> None:
+    # A configured token granian could never receive is refused up front, and a header with
+    # non-ASCII bytes (the ASGI shell decodes them as latin-1) is a wrong token, not a 500.
+    with pytest.raises(InvalidArgument, match="ASCII"):
+        ServerConfig(token="t\u00f6k\u00e9n")
+    with pytest.raises(InvalidArgument, match="ASCII"):
+        ServerConfig.from_mapping({"token": " padded"})
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'n.db'}", token="tok"))
+    for value in ("Bearer t\u00f6k".encode(), b"Bearer \xff\xfe", b"bearer tok"):
+        response = call(app, "GET", "/v1/keys", headers={"authorization": value})
+        assert response.status_code == (200 if value == b"bearer tok" else 401), value
 
 
 def test_token_is_checked_from_any_address(tmp_path: Path) -> None:

@@ -163,7 +163,9 @@ def test_bad_bodies(idmint_server: ServerProcess, path: str, body: bytes, status
 
 
 def test_token_guards_admin_only(tmp_path: Path) -> None:
-    server = ServerProcess(f"sqlite:///{tmp_path / 't.db'}", token="s3cret").start()
+    server = ServerProcess(
+        f"sqlite:///{tmp_path / 't.db'}", token="s3cret", admin_loopback=False
+    ).start()
     try:
         url = server.url
         assert httpx.get(url + "/v1/keys").status_code == 401
@@ -176,6 +178,39 @@ def test_token_guards_admin_only(tmp_path: Path) -> None:
         assert httpx.get(url + "/api/segment/get/k").status_code == 200  # ids need no token
     finally:
         server.stop()
+
+
+def test_admin_over_http_is_off_without_a_token(tmp_path: Path) -> None:
+    # A reverse proxy on the same host makes every client loopback: without a token, admin
+    # over HTTP is refused unless the operator opted in with --admin-loopback; the log says so.
+    store = f"sqlite:///{tmp_path / 'a.db'}"
+    server = ServerProcess(store, admin_loopback=False).start()
+    try:
+        refused = httpx.post(server.url + "/v1/keys", json={"name": "k"})
+        assert refused.status_code == 403 and "--admin-loopback" in refused.text
+        assert httpx.get(server.url + "/v1/keys").status_code == 403
+        assert "key admin over HTTP refused" in server.log()
+    finally:
+        server.stop()
+    opted = ServerProcess(store, admin_loopback=False, args=["--admin-loopback"]).start()
+    try:
+        assert httpx.post(opted.url + "/v1/keys", json={"name": "k"}).status_code == 201
+        log = opted.log()
+        assert "open to loopback clients without a token (--admin-loopback)" in log
+        assert "every client is loopback" in log
+    finally:
+        opted.stop()
+
+
+def test_a_non_ascii_token_is_refused_at_start() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "idmint", "--store", "memory://", "serve", "--token", "t\u00f6k"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "ASCII" in run.stderr
 
 
 def test_schemathesis_finds_no_5xx(idmint_server: ServerProcess, tmp_path: Path) -> None:

@@ -249,7 +249,15 @@ def next_(ctx: click.Context, name: str, count: int) -> None:
 @click.option(
     "--token",
     envvar="IDMINT_TOKEN",
-    help="Bearer token for key admin; without one, admin answers on loopback only.",
+    help="Bearer token for key admin over HTTP; without one, admin over HTTP is refused.",
+)
+@click.option(
+    "--admin-loopback",
+    envvar="IDMINT_ADMIN_LOOPBACK",
+    is_flag=True,
+    default=None,
+    help="Allow key admin without the token from loopback clients. Not behind a reverse proxy "
+    "on the same host: there every client is loopback.",
 )
 @click.option(
     "--http",
@@ -272,6 +280,7 @@ def serve(
     port: int | None,
     workers: int | None,
     token: str | None,
+    admin_loopback: bool | None,
     http_version: str | None,
     config_file: Path | None,
 ) -> None:
@@ -283,7 +292,14 @@ def serve(
     for name in ("store", "timeout"):  # a flag or env var beats the file
         if name in ctx.obj["given"] or name not in values:
             values[name] = ctx.obj[name]
-    flags = {"host": host, "port": port, "workers": workers, "token": token, "http": http_version}
+    flags = {
+        "host": host,
+        "port": port,
+        "workers": workers,
+        "token": token,
+        "admin_loopback": admin_loopback,
+        "http": http_version,
+    }
     values.update({k: v for k, v in flags.items() if v is not None})
     run_server(ServerConfig.from_mapping(values))
 

@@ -120,6 +120,24 @@ class Request:
 Handler = Callable[[Request, str | None], Awaitable[Response]]
 
 
+def _bearer_is(authorization: str | None, token: str) -> bool:
+    """Whether an Authorization header carries `token` as a bearer token. Compared as bytes:
+    compare_digest refuses str with non-ASCII characters (a TypeError: a 500 on every request),
+    and the ASGI shell hands over header bytes as latin-1 text."""
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given = value.strip().encode("utf-8", "backslashreplace")
+    return hmac.compare_digest(given, token.encode("utf-8"))
+
+
+def _is_loopback(client: str) -> bool:
+    try:
+        return ipaddress.ip_address(client).is_loopback
+    except ValueError:
+        return False
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(status, json.dumps(data, separators=(",", ":")), JSON)
 
@@ -343,26 +361,31 @@ class App:
             return Response(500, "internal error; see the server log\n")
 
     def _authorize(self, request: Request) -> None:
+        """Admin needs the admin token; without it, only a loopback client of a server started
+        with --admin-loopback (behind a reverse proxy on the same host every client is
+        loopback, so that is never the default)."""
         token = self.config.token
-        if token:
-            given = request.authorization or ""
-            scheme, _, value = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
-                raise HttpError(
-                    401,
-                    "this route needs the bearer token (Authorization: Bearer ...)",
-                    (("www-authenticate", 'Bearer realm="idmint"'),),
-                )
+        if token and _bearer_is(request.authorization, token):
             return
-        try:
-            loopback = ipaddress.ip_address(request.client).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
+        if self.config.admin_loopback and _is_loopback(request.client):
+            return
+        if token:
+            raise HttpError(
+                401,
+                "this route needs the admin token (Authorization: Bearer ...)",
+                (("www-authenticate", 'Bearer realm="idmint"'),),
+            )
+        if self.config.admin_loopback:
             raise HttpError(
                 403,
-                "key admin answers only on loopback when no token is configured (set IDMINT_TOKEN)",
+                "key admin answers only to loopback clients (--admin-loopback) when no admin "
+                "token is configured (IDMINT_TOKEN)",
             )
+        raise HttpError(
+            403,
+            "key admin over HTTP needs an admin token (--token, IDMINT_TOKEN), or "
+            "--admin-loopback for loopback clients; the idmint keys command works on the store",
+        )
 
     async def _generator(self, key: str) -> SegmentGenerator:
         """The key's generator; made only for keys that exist, so a flood of made-up names

@@ -27,8 +27,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
-    #: Bearer token for the key admin routes; empty: admin answers on loopback only.
+    #: Bearer token for the key admin routes; without one, admin over HTTP is refused.
     token: str = ""
+    #: Admin without the token from loopback clients. Behind a reverse proxy on the same host
+    #: every client is loopback, so this is an explicit opt-in, never a default.
+    admin_loopback: bool = False
     timeout: float = DEFAULT_TIMEOUT
     #: How long a request waits for a range when nothing is buffered (seconds).
     wait: float = 1.0
@@ -41,6 +44,8 @@ class ServerConfig:
     snowflake_namespace: str = "default"
 
     def __post_init__(self) -> None:
+        for name in ("token",):
+            _check_token(name, getattr(self, name))
         layout_named(self.snowflake_layout)  # raises InvalidArgument naming the presets
         check_key_name(self.snowflake_namespace)
         if self.http not in ("auto", "1", "2"):
@@ -62,7 +67,7 @@ class ServerConfig:
                 continue
             kind = type(getattr(cls, f.name))
             try:
-                kwargs[f.name] = kind(values[f.name])
+                kwargs[f.name] = _flag(values[f.name]) if kind is bool else kind(values[f.name])
             except (TypeError, ValueError) as exc:
                 raise InvalidArgument(f"bad value for {f.name}: {values[f.name]!r}") from exc
         return cls(**kwargs)
@@ -76,6 +81,29 @@ class ServerConfig:
             if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in names
         }
         return cls.from_mapping(values)
+
+
+def _flag(value: Any) -> bool:
+    """A boolean from TOML (true/false) or the environment ("1", "true", "yes", "on", ...):
+    bool("false") would be True."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(value)
+
+
+def _check_token(name: str, token: str) -> None:
+    # A bearer token travels in a header, and granian drops a header whose value is not
+    # ASCII: a token with other characters could never be presented.
+    if token and not (token.isascii() and token.isprintable() and token == token.strip()):
+        raise InvalidArgument(
+            f"{name} must be printable ASCII without leading or trailing spaces "
+            "(clients send it in an HTTP header)"
+        )
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -11,6 +11,21 @@ from .config import ServerConfig
 
 TARGET = "idmint.server.app:create_app"
 
+log = logging.getLogger("idmint.server")
+
+
+def describe_access(config: ServerConfig) -> list[str]:
+    """What the start-up log says about who may do what over HTTP."""
+    if config.token and config.admin_loopback:
+        admin = "needs the admin token, except from loopback clients (--admin-loopback)"
+    elif config.token:
+        admin = "needs the admin token"
+    elif config.admin_loopback:
+        admin = "open to loopback clients without a token (--admin-loopback)"
+    else:
+        admin = "refused: no admin token (--token); use the idmint keys command on the store"
+    return [f"key admin over HTTP {admin}"]
+
 
 def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT; then /readyz turns 503, in-flight requests finish and unused
@@ -25,6 +40,12 @@ def serve(config: ServerConfig) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for line in describe_access(config):
+        log.info("%s", line)
+    if config.admin_loopback:
+        log.warning(
+            "--admin-loopback: behind a reverse proxy on this host, every client is loopback"
+        )
     try:
         from granian import Granian
         from granian.constants import HTTPModes, Interfaces
