@@ -384,6 +384,42 @@ def test_serve_with_a_bad_store_is_one_line() -> None:
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "bad store URL" in run.stderr
 
 
+def test_a_second_server_on_a_served_port_is_refused(tmp_path: Path) -> None:
+    # granian binds with SO_REUSEPORT: a second server on the same port used to start silently
+    # and share the connections; with another store that repeats ids.
+    first = ServerProcess(f"sqlite:///{tmp_path / 'one.db'}").start()
+    try:
+        second = subprocess.run(
+            [
+                *(sys.executable, "-m", "idmint", "--store", f"sqlite:///{tmp_path / 'two.db'}"),
+                *("serve", "--port", str(first.port)),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.startswith("idmint: error: ") and second.stderr.count("\n") == 1
+        assert f"port {first.port}" in second.stderr and "--reuse-port" in second.stderr
+        # Asked for, sharing still works.
+        shared = ServerProcess(
+            f"sqlite:///{tmp_path / 'one.db'}", port=first.port, args=["--reuse-port"]
+        ).start()
+        try:
+            # /livez answered by either server: wait for this one's own start-up log.
+            deadline = time.monotonic() + 20
+            while "Started worker" not in shared.log():
+                assert time.monotonic() < deadline, shared.log()
+                time.sleep(0.05)
+            assert "--reuse-port" in shared.log()
+            assert shared.proc is not None and shared.proc.poll() is None
+        finally:
+            shared.stop()
+    finally:
+        first.stop()
+
+
 def test_config_file(tmp_path: Path) -> None:
     conf = tmp_path / "idmint.toml"
     conf.write_text('[server]\nport = "not a port"\n')

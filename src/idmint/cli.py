@@ -260,6 +260,14 @@ def next_(ctx: click.Context, name: str, count: int) -> None:
     "on the same host: there every client is loopback.",
 )
 @click.option(
+    "--reuse-port",
+    envvar="IDMINT_REUSE_PORT",
+    is_flag=True,
+    default=None,
+    help="Share the port with other processes; without it, a port another process listens "
+    "on is refused.",
+)
+@click.option(
     "--http",
     "http_version",
     envvar="IDMINT_HTTP",
@@ -281,6 +289,7 @@ def serve(
     workers: int | None,
     token: str | None,
     admin_loopback: bool | None,
+    reuse_port: bool | None,
     http_version: str | None,
     config_file: Path | None,
 ) -> None:
@@ -298,6 +307,7 @@ def serve(
         "workers": workers,
         "token": token,
         "admin_loopback": admin_loopback,
+        "reuse_port": reuse_port,
         "http": http_version,
     }
     values.update({k: v for k, v in flags.items() if v is not None})

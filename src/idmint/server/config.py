@@ -37,6 +37,8 @@ class ServerConfig:
     wait: float = 1.0
     max_step: int = 1_000_000
     preload_at: float = 0.1
+    #: Share the port with other processes (SO_REUSEPORT); off: refuse a port already served.
+    reuse_port: bool = False
     #: HTTP versions granian speaks: "auto" (1.1 and 2), "1" or "2".
     http: str = "auto"
     #: The snowflake routes' layout and worker-id namespace.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 
 from .._errors import InvalidArgument
 from ..stores import open_store
@@ -30,6 +32,8 @@ def describe_access(config: ServerConfig) -> list[str]:
 def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT; then /readyz turns 503, in-flight requests finish and unused
     tails go back to the store."""
+    if not config.reuse_port:
+        check_port_free(config.host, config.port)
     store = open_store(config.store, timeout=config.timeout)  # a bad URL fails here, once
     try:
         store.init()  # and so does an unreachable store, before any worker starts
@@ -42,6 +46,12 @@ def serve(config: ServerConfig) -> None:
     )
     for line in describe_access(config):
         log.info("%s", line)
+    if config.reuse_port:
+        log.warning(
+            "--reuse-port: other processes may serve port %d too; with another store that "
+            "would repeat ids",
+            config.port,
+        )
     if config.admin_loopback:
         log.warning(
             "--admin-loopback: behind a reverse proxy on this host, every client is loopback"
@@ -62,6 +72,33 @@ def serve(config: ServerConfig) -> None:
         factory=True,
         log_access=False,
     ).serve()
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on. granian binds with SO_REUSEPORT, so a second
+    server on a served port would start silently and the kernel would share the connections
+    between the two: with two stores, that repeats ids. A bind without SO_REUSEPORT fails on
+    a listening port whatever options the listener set. (Another process can still take the
+    port between this check and granian's bind: this catches mistakes, not races.)"""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise InvalidArgument(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    with socket.socket(family, kind, proto) as probe:
+        # SO_REUSEADDR: connections of a server that just stopped (TIME_WAIT) are no reason
+        # to refuse; a listening socket still is.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise InvalidArgument(
+                    f"port {port} on {host} is in use by another process; stop it, choose "
+                    "another --port, or pass --reuse-port to share the port on purpose"
+                ) from exc
+            raise InvalidArgument(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
 def _serve_uvicorn(config: ServerConfig) -> None:
