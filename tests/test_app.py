@@ -111,6 +111,24 @@ def test_config_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         ServerConfig(http="3")
 
 
+def test_connection_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ServerConfig().http == "1"  # only HTTP/1.1 times out connections that say nothing
+    path = tmp_path / "idmint.toml"
+    path.write_text("[server]\nkeep_alive = false\nmax_connections = 100\nheader_timeout = 2.5\n")
+    config = ServerConfig.from_mapping(read_config_file(path))
+    assert (config.keep_alive, config.max_connections, config.header_timeout) == (False, 100, 2.5)
+    monkeypatch.setenv("IDMINT_KEEP_ALIVE", "false")  # not bool("false")
+    monkeypatch.setenv("IDMINT_ADMIN_LOOPBACK", "yes")
+    env = ServerConfig.from_env()
+    assert (env.keep_alive, env.admin_loopback) == (False, True)
+    monkeypatch.setenv("IDMINT_KEEP_ALIVE", "maybe")
+    with pytest.raises(ValueError, match="keep_alive"):
+        ServerConfig.from_env()
+    for bad in ({"header_timeout": 0}, {"max_connections": 0}, {"backlog": 10}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ServerConfig.from_mapping(bad)
+
+
 def test_snowflake_routes(app: App) -> None:
     from idmint.layout import TWITTER
 

@@ -272,7 +272,32 @@ def next_(ctx: click.Context, name: str, count: int) -> None:
     "http_version",
     envvar="IDMINT_HTTP",
     type=click.Choice(["auto", "1", "2"]),
-    help="HTTP versions to speak [default: auto].",
+    help="HTTP versions to speak [default: 1; auto and 2 do not time out silent connections].",
+)
+@click.option(
+    "--max-connections",
+    envvar="IDMINT_MAX_CONNECTIONS",
+    type=int,
+    help="Connections each worker holds at once, idle ones included [default: 4096].",
+)
+@click.option(
+    "--backlog",
+    envvar="IDMINT_BACKLOG",
+    type=int,
+    help="Connections the kernel queues before a worker takes them [default: 1024].",
+)
+@click.option(
+    "--header-timeout",
+    envvar="IDMINT_HEADER_TIMEOUT",
+    type=float,
+    help="Seconds a connection has to send a request's headers; idle kept-alive connections "
+    "close then too [default: 10].",
+)
+@click.option(
+    "--keep-alive/--no-keep-alive",
+    envvar="IDMINT_KEEP_ALIVE",
+    default=None,
+    help="HTTP/1.1 keep-alive [default: on].",
 )
 @click.option(
     "--config",
@@ -291,6 +316,10 @@ def serve(
     admin_loopback: bool | None,
     reuse_port: bool | None,
     http_version: str | None,
+    max_connections: int | None,
+    backlog: int | None,
+    header_timeout: float | None,
+    keep_alive: bool | None,
     config_file: Path | None,
 ) -> None:
     """Serve ids over HTTP (Leaf-compatible routes, dashboard at /, metrics at /metrics)."""
@@ -309,6 +338,10 @@ def serve(
         "admin_loopback": admin_loopback,
         "reuse_port": reuse_port,
         "http": http_version,
+        "max_connections": max_connections,
+        "backlog": backlog,
+        "header_timeout": header_timeout,
+        "keep_alive": keep_alive,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     run_server(ServerConfig.from_mapping(values))

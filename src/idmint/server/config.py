@@ -39,8 +39,19 @@ class ServerConfig:
     preload_at: float = 0.1
     #: Share the port with other processes (SO_REUSEPORT); off: refuse a port already served.
     reuse_port: bool = False
-    #: HTTP versions granian speaks: "auto" (1.1 and 2), "1" or "2".
-    http: str = "auto"
+    #: HTTP versions granian speaks: "1" (1.1), "auto" (1.1 and 2) or "2". HTTP/1.1 is the
+    #: default because only there does granian time out a connection that sends nothing
+    #: (header_timeout); in auto mode it waits for the first bytes without a bound.
+    http: str = "1"
+    #: Connections each worker holds at once (granian's backpressure); more wait in the backlog.
+    max_connections: int = 4096
+    #: Connections the kernel queues before a worker takes them.
+    backlog: int = 1024
+    #: Seconds a connection has to send a request's headers, including the wait for the first
+    #: byte and the idle time of a kept-alive connection between requests (HTTP/1.1).
+    header_timeout: float = 10.0
+    #: HTTP/1.1 keep-alive; each kept connection still closes after header_timeout idle.
+    keep_alive: bool = True
     #: The snowflake routes' layout and worker-id namespace.
     snowflake_layout: str = "twitter"
     snowflake_namespace: str = "default"
@@ -56,6 +67,16 @@ class ServerConfig:
             raise InvalidArgument(f"port must be from 1 to 65535, not {self.port}")
         if not 1 <= self.workers <= 256:
             raise InvalidArgument(f"workers must be from 1 to 256, not {self.workers}")
+        if not 1 <= self.max_connections <= 1_000_000:
+            raise InvalidArgument(
+                f"max_connections must be from 1 to 1000000, not {self.max_connections}"
+            )
+        if not 128 <= self.backlog <= 65535:
+            raise InvalidArgument(f"backlog must be from 128 to 65535, not {self.backlog}")
+        if not 0.1 <= self.header_timeout <= 60:
+            raise InvalidArgument(
+                f"header_timeout must be from 0.1 to 60 seconds, not {self.header_timeout:g}"
+            )
 
     def to_env(self) -> dict[str, str]:
         return {ENV_PREFIX + k.upper(): str(v) for k, v in asdict(self).items()}

@@ -56,12 +56,28 @@ def serve(config: ServerConfig) -> None:
         log.warning(
             "--admin-loopback: behind a reverse proxy on this host, every client is loopback"
         )
+    _raise_fd_limit(config.max_connections * config.workers + 256)
     try:
         from granian import Granian
         from granian.constants import HTTPModes, Interfaces
+        from granian.http import HTTP1Settings
     except ImportError:
         _serve_uvicorn(config)
         return
+    log.info(
+        "HTTP %s; up to %d connections per worker, backlog %d; request headers within %g s%s",
+        {"1": "1.1", "2": "2", "auto": "1.1 and 2"}[config.http],
+        config.max_connections,
+        config.backlog,
+        config.header_timeout,
+        ", idle kept-alive connections close then" if config.keep_alive else ", no keep-alive",
+    )
+    if config.http != "1":
+        log.warning(
+            "--http %s: granian waits for a new connection's first bytes without a timeout; "
+            "silent connections are bounded only by --max-connections",
+            config.http,
+        )
     Granian(
         TARGET,
         address=config.host,
@@ -69,9 +85,39 @@ def serve(config: ServerConfig) -> None:
         interface=Interfaces.RSGI,
         workers=config.workers,
         http=HTTPModes(config.http),
+        backlog=config.backlog,
+        # granian's backpressure counts connections, idle ones included, not requests.
+        backpressure=config.max_connections,
+        http1_settings=HTTP1Settings(
+            header_read_timeout=max(1, round(config.header_timeout * 1000)),
+            keep_alive=config.keep_alive,
+        ),
         factory=True,
         log_access=False,
     ).serve()
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Raise the soft limit on open files to what the connection limit needs (as far as the
+    hard limit allows): at the usual soft limit of 1024, accepting fails long before
+    --max-connections is reached."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        log.warning(
+            "open files are limited to %d (ulimit -n): fewer connections than "
+            "--max-connections x --workers (%d) can be held",
+            target,
+            needed,
+        )
 
 
 def check_port_free(host: str, port: int) -> None:
