@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -577,5 +578,121 @@ def test_readyz_follows_the_store_and_warm_buffers(request: pytest.FixtureReques
         while httpx.get(server.url + "/readyz", timeout=10).status_code != 200:
             assert time.monotonic() < deadline, "not ready again after the store came back"
             time.sleep(0.1)
+    finally:
+        server.stop()
+
+
+def _timed(method: str, url: str, **kwargs: object) -> tuple[int | None, float]:
+    """(status, seconds) of one request; status None when it got no answer in 20 s."""
+    started = time.monotonic()
+    try:
+        status: int | None = httpx.request(method, url, timeout=20, **kwargs).status_code  # type: ignore[arg-type]
+    except httpx.HTTPError:
+        status = None
+    return status, time.monotonic() - started
+
+
+def _warm_server(
+    request: pytest.FixtureRequest, name: str, **env: str
+) -> tuple[object, str, ServerProcess]:
+    postgres = request.getfixturevalue("postgres")
+    url = postgres.create_database(name)
+    with idmint.connect(url) as minter:
+        minter.add_key("warm", step=100_000)
+    server = ServerProcess(url, env=env).start()
+    deadline = time.monotonic() + 15
+    while httpx.get(server.url + "/readyz").status_code != 200:
+        assert time.monotonic() < deadline, "never ready"
+        time.sleep(0.05)
+    return postgres, url, server
+
+
+def test_a_hung_store_holds_up_no_route(request: pytest.FixtureRequest) -> None:
+    # PostgreSQL SIGSTOPped, its sockets open: store reads used to fill the shared default
+    # executor, and then every route that needs a thread hung without bound.
+    postgres, _, server = _warm_server(request, "hung_routes")
+    url = server.url
+    try:
+        postgres.pause()  # type: ignore[attr-defined]
+        try:
+            # Probes answer 503 with a reason, within the store timeout (2 s) and some slack.
+            for path in ("/readyz", "/metrics", "/v1/stats"):
+                response = httpx.get(url + path, timeout=20)
+                assert response.status_code == 503, (path, response.text)
+                assert response.text.count("\n") == 1 and "store" in response.text
+            for path in ("/readyz", "/metrics", "/api/segment/get/nope", "/v1/keys"):
+                status, took = _timed("GET", url + path)
+                assert status == 503, (path, status)
+                assert took < 6, (path, took)
+            stop = threading.Event()
+            outcomes: list[int | None] = []
+
+            def flood() -> None:  # readiness, metrics, stats and admin, as hard as they can
+                paths = ["/readyz", "/metrics", "/v1/stats", "/v1/keys", "/api/segment/get/x1"]
+                with httpx.Client(base_url=url, timeout=20) as http:
+                    while not stop.is_set():
+                        for path in paths:
+                            try:
+                                outcomes.append(http.get(path).status_code)
+                            except httpx.HTTPError:
+                                outcomes.append(None)
+
+            flooders = [threading.Thread(target=flood) for _ in range(24)]
+            for thread in flooders:
+                thread.start()
+            try:
+                slowest = 0.0
+                ids: list[int] = []
+                with httpx.Client(base_url=url, timeout=20) as http:
+                    for _ in range(100):  # warm keys keep answering from their buffers
+                        started = time.monotonic()
+                        ids.append(int(http.get("/api/segment/get/warm").text))
+                        ids += http.get("/v1/keys/warm/ids", params={"count": 10}).json()["ids"]
+                        slowest = max(slowest, time.monotonic() - started)
+                        time.sleep(0.02)
+                assert slowest < 1.0, slowest
+                assert assert_unique(ids) == 1100
+                status, took = _timed("GET", url + "/api/segment/get/nope2")
+                assert status in (503, 404) and took < 6, (status, took)
+            finally:
+                stop.set()
+                for thread in flooders:
+                    thread.join(30)
+            assert outcomes and None not in outcomes  # every request got an answer
+            assert set(outcomes) <= {503}, set(outcomes)
+        finally:
+            postgres.resume()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/readyz", timeout=20).status_code != 200:
+            assert time.monotonic() < deadline, "not ready again after the store came back"
+            time.sleep(0.1)
+        assert httpx.get(url + "/api/segment/get/nope").status_code == 404
+    finally:
+        server.stop()
+
+
+def test_sigterm_exits_within_the_shutdown_timeout_on_a_hung_store(
+    request: pytest.FixtureRequest,
+) -> None:
+    # From the environment, which older versions ignored: they waited for the store forever.
+    postgres, _, server = _warm_server(request, "hung_stop", IDMINT_SHUTDOWN_TIMEOUT="3")
+    try:
+        httpx.get(server.url + "/v1/keys/warm/ids", params={"count": 10})
+        postgres.pause()  # type: ignore[attr-defined]
+        try:
+            assert server.proc is not None
+            started = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            try:
+                code = server.proc.wait(3 + 4)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                pytest.fail(f"SIGTERM took over 7 s with a hung store: {server.log()}")
+            took = time.monotonic() - started
+        finally:
+            postgres.resume()  # type: ignore[attr-defined]
+        assert code == 0, server.log()
+        assert took < 7
+        assert "did not answer within" in server.log()
     finally:
         server.stop()

@@ -260,6 +260,12 @@ def next_(ctx: click.Context, name: str, count: int) -> None:
     "on the same host: there every client is loopback.",
 )
 @click.option(
+    "--shutdown-timeout",
+    envvar="IDMINT_SHUTDOWN_TIMEOUT",
+    type=float,
+    help="Seconds from SIGTERM to exit, whatever the store does [default: 10].",
+)
+@click.option(
     "--reuse-port",
     envvar="IDMINT_REUSE_PORT",
     is_flag=True,
@@ -314,6 +320,7 @@ def serve(
     workers: int | None,
     token: str | None,
     admin_loopback: bool | None,
+    shutdown_timeout: float | None,
     reuse_port: bool | None,
     http_version: str | None,
     max_connections: int | None,
@@ -336,6 +343,7 @@ def serve(
         "workers": workers,
         "token": token,
         "admin_loopback": admin_loopback,
+        "shutdown_timeout": shutdown_timeout,
         "reuse_port": reuse_port,
         "http": http_version,
         "max_connections": max_connections,

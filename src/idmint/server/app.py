@@ -7,7 +7,7 @@ metrics always run on a thread.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import hmac
 import ipaddress
 import json
@@ -44,6 +44,7 @@ from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
 from .metrics import RATE_WINDOW, Counters, KeySnapshot, RateMeter, render_prometheus
 from .openapi import openapi_document
+from .pools import Pool, PoolTimeout
 
 log = logging.getLogger("idmint.server")
 
@@ -52,6 +53,13 @@ MAX_RANGE = 10_000_000
 MAX_BODY = 64 * 1024
 NEGATIVE_CACHE_SECONDS = 1.0
 MAX_WARM_KEYS = 1000  # each generator has a refiller thread
+# Threads, and jobs queued or running, per pool (see pools.py): the id routes' slow path
+# (waiting for a range, unknown keys, whole ranges, the snowflake generator), key admin, and
+# the probes (readiness, metrics, stats).
+ID_THREADS, ID_SLOTS = 16, 64
+ADMIN_THREADS, ADMIN_SLOTS = 4, 16
+PROBE_THREADS, PROBE_SLOTS = 4, 16
+CLOSE_SHARE = 0.6  # of the shutdown timeout, for giving unused ids back
 
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
@@ -191,7 +199,15 @@ class App:
         self._stopped = threading.Event()
         self._dashboard: str | None = None
         self._flake: SnowflakeGenerator | None = None
-        self._flake_lock = asyncio.Lock()
+        self._flake_lock = threading.Lock()
+        self.pools = {
+            "id": Pool("id", ID_THREADS, ID_SLOTS),
+            "admin": Pool("admin", ADMIN_THREADS, ADMIN_SLOTS),
+            "probe": Pool("probe", PROBE_THREADS, PROBE_SLOTS),
+        }
+        # How long a request waits for the store: a store call, or a range on top of it.
+        self._store_deadline = self.config.timeout
+        self._id_deadline = self.config.timeout + self.config.wait
         self._routes: dict[str, dict[str, tuple[Handler, bool]]] = {
             "/": {"GET": (self.dashboard, False)},
             "/livez": {"GET": (self.livez, False)},
@@ -249,13 +265,19 @@ class App:
                 self._rates.setdefault(name, RateMeter()).update(gen.stats().issued, now)
 
     def shutdown(self) -> None:
-        """Stop being ready and give every unused tail back to the store."""
+        """Stop being ready and give every unused tail back to the store, within a share of
+        the shutdown timeout whatever the store does (granian kills a worker that overruns
+        the whole of it)."""
         self.shutting_down = True
         self._stopped.set()
+        for pool in self.pools.values():
+            pool.close()
         if self._minter is None:
             return
         generators = self._minter.generators()
-        self._minter.close()
+        # The rest of the timeout is for in-flight requests (bounded by their deadlines) and
+        # the process's exit. Minter.close logs what it could not give back in time.
+        self._minter.close(timeout=self.config.shutdown_timeout * CLOSE_SHARE)
         returned = sum(gen.stats().given_back for gen in generators)
         log.info("stopped; %d unused ids given back to the store", returned)
 
@@ -380,6 +402,9 @@ class App:
         except HttpError as exc:
             self.counters.error(pattern or "unknown", exc.status)
             return Response(exc.status, exc.reason + "\n", headers=exc.headers)
+        except PoolTimeout as exc:
+            self.counters.error(pattern, 503)
+            return Response(503, f"{exc}\n", headers=PoolTimeout.headers)
         except IdmintError as exc:
             status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 500)
             self.counters.error(pattern, status)
@@ -426,7 +451,7 @@ class App:
         if self._missing.get(key, 0.0) > now:
             raise KeyNotFound(key)
         try:
-            await asyncio.to_thread(self.minter.key, key)
+            await self.pools["id"].run(self._store_deadline, self.minter.key, key)
         except KeyNotFound:
             if len(self._missing) > 10_000:
                 self._missing.clear()
@@ -443,7 +468,7 @@ class App:
         gen = await self._generator(key)
         i = gen.try_next_id()
         if i is None:
-            i = await asyncio.to_thread(gen.next_id)
+            i = await self.pools["id"].run(self._id_deadline, gen.next_id)
         return Response(200, str(i))
 
     async def ids(self, request: Request, key: str | None) -> Response:
@@ -453,8 +478,8 @@ class App:
         ids = gen.try_next_ids(count)
         if len(ids) < count:
             try:
-                ids += await asyncio.to_thread(gen.next_ids, count - len(ids))
-            except IdmintError:
+                ids += await self.pools["id"].run(self._id_deadline, gen.next_ids, count - len(ids))
+            except (IdmintError, PoolTimeout):
                 if not ids:
                     raise
                 # Fewer ids than asked, rather than losing the ones already drawn.
@@ -463,7 +488,10 @@ class App:
     async def ranges(self, request: Request, key: str | None) -> Response:
         assert key is not None
         size = request.param("size", 0, MAX_RANGE) or None  # absent: the key's own step
-        taken = await asyncio.to_thread(self.minter.store.allocate, key, size)
+        # A range the store commits after the deadline is dropped: skipped, never served.
+        taken = await self.pools["id"].run(
+            self._store_deadline, self.minter.store.allocate, key, size
+        )
         handed = self.counters.ranges_handed
         handed[key] = handed.get(key, 0) + len(taken.range)
         return _json(
@@ -480,18 +508,32 @@ class App:
     async def _snowflake(self) -> SnowflakeGenerator:
         """The server's snowflake generator, made on first use: leasing a worker id and the
         first tick (which may wait out a previous holder's horizon) run on a thread."""
-        if self._flake is None:
-            async with self._flake_lock:
-                if self._flake is None:
-                    options = SnowflakeOptions(namespace=self.config.snowflake_namespace)
-
-                    def make() -> SnowflakeGenerator:
+        flake = self._flake
+        if flake is None:
+            # Made and kept on the thread, under a thread lock: when the request's deadline
+            # passes first, the next request finds the generator, not a second worker id.
+            def make() -> SnowflakeGenerator:
+                with self._flake_lock:
+                    if self._flake is None:
+                        options = SnowflakeOptions(namespace=self.config.snowflake_namespace)
                         gen = self.minter.snowflake(self.config.snowflake_layout, options)
                         gen.next_id()  # the first tick, off the event loop
-                        return gen
+                        self._flake = gen
+                    return self._flake
 
-                    self._flake = await asyncio.to_thread(make)
-        return self._flake
+            # Its first tick may wait out a previous holder's horizon, or a young store's
+            # quarantine: up to a lease's ttl on top of the store's answer.
+            deadline = self._id_deadline + SnowflakeOptions().ttl
+            try:
+                flake = await self.pools["id"].run(deadline, make)
+            except PoolTimeout as exc:
+                raise HttpError(
+                    503,
+                    f"the snowflake generator is not ready ({exc}): taking a worker id, or "
+                    "waiting out its previous holder's horizon; try again shortly",
+                    PoolTimeout.headers,
+                ) from exc
+        return flake
 
     async def snowflake_get(self, request: Request, key: str | None) -> Response:
         # Leaf's route takes a key and ignores it: one id space per server. We check the name.
@@ -502,7 +544,11 @@ class App:
         count = request.param("count", 1, MAX_IDS)
         gen = await self._snowflake()
         # A large batch spans ticks and waits for them: on a thread.
-        ids = gen.next_ids(count) if count <= 256 else await asyncio.to_thread(gen.next_ids, count)
+        ids = (
+            gen.next_ids(count)
+            if count <= 256
+            else await self.pools["id"].run(self._id_deadline, gen.next_ids, count)
+        )
         return _json({"ids": ids})
 
     def _decode(self, text: str) -> dict[str, Any]:
@@ -532,12 +578,13 @@ class App:
     # -- key admin ---------------------------------------------------------------------------
 
     async def list_keys(self, request: Request, key: str | None) -> Response:
-        keys = await asyncio.to_thread(self.minter.keys)
+        keys = await self.pools["admin"].run(self._store_deadline, self.minter.keys)
         return _json({"keys": [k.as_dict() for k in keys]})
 
     async def show_key(self, request: Request, key: str | None) -> Response:
         assert key is not None
-        return _json((await asyncio.to_thread(self.minter.key, key)).as_dict())
+        shown = await self.pools["admin"].run(self._store_deadline, self.minter.key, key)
+        return _json(shown.as_dict())
 
     async def add_key(self, request: Request, key: str | None) -> Response:
         data = request.json()
@@ -550,13 +597,17 @@ class App:
         description = data.get("description", "")
         if not isinstance(description, str):
             raise HttpError(400, "description must be a string")
-        created = await asyncio.to_thread(
-            self.minter.add_key,
-            check_key_name(name),
-            step=_int_field(data, "step", DEFAULT_STEP),
-            start=_int_field(data, "start", DEFAULT_FIRST_ID),
-            max=_int_field(data, "max", ID_MAX),
-            description=description,
+        # Past the deadline the key may still be created: a retry then answers 409.
+        created = await self.pools["admin"].run(
+            self._store_deadline,
+            functools.partial(
+                self.minter.add_key,
+                check_key_name(name),
+                step=_int_field(data, "step", DEFAULT_STEP),
+                start=_int_field(data, "start", DEFAULT_FIRST_ID),
+                max=_int_field(data, "max", ID_MAX),
+                description=description,
+            ),
         )
         self._missing.pop(name, None)
         return _json(created.as_dict(), 201)
@@ -567,7 +618,10 @@ class App:
         if set(data) != {"to"}:
             raise HttpError(400, 'the body must be {"to": N}')
         to = _int_field(data, "to", 0)
-        return _json((await asyncio.to_thread(self.minter.raise_floor, key, to)).as_dict())
+        raised = await self.pools["admin"].run(
+            self._store_deadline, self.minter.raise_floor, key, to
+        )
+        return _json(raised.as_dict())
 
     # -- operations --------------------------------------------------------------------------
 
@@ -578,8 +632,8 @@ class App:
         if self.shutting_down:
             return Response(503, "shutting down\n")
         try:
-            await asyncio.wait_for(asyncio.to_thread(self.minter.keys), self.config.timeout)
-        except (IdmintError, TimeoutError) as exc:
+            await self.pools["probe"].run(self._store_deadline, self.minter.keys)
+        except (IdmintError, PoolTimeout) as exc:
             return Response(503, f"store not reachable: {' '.join(str(exc).split())}\n")
         # Cold: still loading its first range, or its refills failing with nothing buffered.
         # An exhausted key ends its refills, and is no reason to take the server out.
@@ -593,7 +647,7 @@ class App:
         return Response(200, "ready\n")
 
     async def _snapshots(self) -> list[KeySnapshot]:
-        keys = await asyncio.to_thread(self.minter.keys)
+        keys = await self.pools["probe"].run(self._store_deadline, self.minter.keys)
         out = []
         for k in keys:
             gen = self._gens.get(k.name)

@@ -37,6 +37,9 @@ class ServerConfig:
     wait: float = 1.0
     max_step: int = 1_000_000
     preload_at: float = 0.1
+    #: Seconds from SIGTERM until the process has exited, whatever the store does: in-flight
+    #: requests finish, unused ids go back to the store if it answers in time.
+    shutdown_timeout: float = 10.0
     #: Share the port with other processes (SO_REUSEPORT); off: refuse a port already served.
     reuse_port: bool = False
     #: HTTP versions granian speaks: "1" (1.1), "auto" (1.1 and 2) or "2". HTTP/1.1 is the
@@ -73,6 +76,10 @@ class ServerConfig:
             )
         if not 128 <= self.backlog <= 65535:
             raise InvalidArgument(f"backlog must be from 128 to 65535, not {self.backlog}")
+        if not 1 <= self.shutdown_timeout <= 3600:
+            raise InvalidArgument(
+                f"shutdown_timeout must be from 1 to 3600 seconds, not {self.shutdown_timeout:g}"
+            )
         if not 0.1 <= self.header_timeout <= 60:
             raise InvalidArgument(
                 f"header_timeout must be from 0.1 to 60 seconds, not {self.header_timeout:g}"

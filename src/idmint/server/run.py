@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import socket
 
@@ -92,6 +93,9 @@ def serve(config: ServerConfig) -> None:
             header_read_timeout=max(1, round(config.header_timeout * 1000)),
             keep_alive=config.keep_alive,
         ),
+        # The backstop of --shutdown-timeout: a worker still busy then (closing on a hung
+        # store past its own share of the timeout) is killed.
+        workers_kill_timeout=max(1, math.floor(config.shutdown_timeout)),  # whole seconds
         factory=True,
         log_access=False,
     ).serve()
@@ -162,4 +166,5 @@ def _serve_uvicorn(config: ServerConfig) -> None:
         workers=config.workers,
         log_level="info",
         access_log=False,
+        timeout_graceful_shutdown=config.shutdown_timeout,
     )
