@@ -213,6 +213,7 @@ def _key(data: dict[str, Any]) -> Key:
         int(data["start"]),
         int(data["max"]),
         str(data.get("description") or ""),
+        max_batch=int(data.get("max_batch") or 0),  # absent from older servers' answers
     )
 
 
