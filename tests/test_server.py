@@ -696,3 +696,64 @@ def test_sigterm_exits_within_the_shutdown_timeout_on_a_hung_store(
         assert "did not answer within" in server.log()
     finally:
         server.stop()
+
+
+def test_the_client_token_on_a_real_server(tmp_path: Path) -> None:
+    server = ServerProcess(
+        f"sqlite:///{tmp_path / 'ct.db'}", token="adm", args=["--client-token", "cli"]
+    ).start()
+    try:
+        url = server.url
+        admin = {"authorization": "Bearer adm"}
+        made = httpx.post(url + "/v1/keys", json={"name": "k", "step": 100}, headers=admin)
+        assert made.status_code == 201
+        good = {"authorization": "Bearer cli"}
+        assert httpx.get(url + "/api/segment/get/k", headers=good).status_code == 200
+        # Warm now: the RSGI hot path checks the token too, in any spelling of the scheme.
+        assert httpx.get(url + "/api/segment/get/k").status_code == 401
+        assert (
+            httpx.get(url + "/api/segment/get/k", headers={"authorization": "x"}).status_code == 401
+        )
+        lower = {"authorization": "bearer   cli"}
+        assert httpx.get(url + "/api/segment/get/k", headers=lower).status_code == 200
+        assert httpx.get(url + "/api/segment/get/k", headers=admin).status_code == 200
+        with idmint.Client(url, token="cli") as client:
+            assert len(set(client.segment("k").next_ids(300))) == 300
+        with (
+            idmint.Client(url) as anonymous,
+            pytest.raises(idmint.InvalidArgument, match="client token"),
+        ):
+            anonymous.take("k", 5)
+        assert "key admin over HTTP needs the admin token" in server.log()
+    finally:
+        server.stop()
+
+
+def test_a_32_bit_key_cannot_be_burned(idmint_server: ServerProcess) -> None:
+    # 215 requests of size=10000000 used to take every id of a 32-bit key, for good.
+    url = idmint_server.url
+    add_key(idmint_server, "ticket", max=2**31 - 1)
+    refused = httpx.post(url + "/v1/keys/ticket/ranges", params={"size": 10_000_000})
+    assert refused.status_code == 400 and "cap of 100000" in refused.text
+    with idmint.connect(idmint_server.store_url) as minter:
+        assert minter.key("ticket").remaining == 2**31 - 1  # nothing taken
+
+
+def test_clients_keep_within_the_cap(idmint_server: ServerProcess) -> None:
+    # A client's dynamic step grows past a small cap, and an admin lowers the cap while it
+    # runs: the client asks within the cap the server names, and never fails for it.
+    url = idmint_server.url
+    add_key(idmint_server, "c", step=50)
+    assert httpx.patch(url + "/v1/keys/c", json={"max_batch": 120}).status_code == 200
+    options = idmint.SegmentOptions(max_step=100_000)
+    ids: list[int] = []
+    with idmint.Client(url, segment_options=options) as client:
+        gen = client.segment("c")
+        ids += gen.next_ids(1000)  # steps 50, 100, then 120 at most
+        assert httpx.patch(url + "/v1/keys/c", json={"max_batch": 60}).status_code == 200
+        ids += gen.next_ids(1000)
+        assert len(client.take("c", 1000)) == 60
+    assert assert_unique(ids) == 2000
+    with idmint.connect(idmint_server.store_url) as minter:
+        # Every range the client took was within the cap in force: no id burned beyond it.
+        assert minter.key("c").max_id - 1 <= max(ids) + 60 + 120 * 2

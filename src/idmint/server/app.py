@@ -37,7 +37,15 @@ from .._errors import (
     WorkersExhausted,
 )
 from .._minter import Minter, connect
-from ..ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, check_key_name
+from ..ids import (
+    BATCH_CAP_MAX,
+    BATCH_CAP_STEPS,
+    DEFAULT_FIRST_ID,
+    DEFAULT_STEP,
+    ID_MAX,
+    Key,
+    check_key_name,
+)
 from ..layout import layout_named
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
@@ -49,7 +57,7 @@ from .pools import Pool, PoolTimeout
 log = logging.getLogger("idmint.server")
 
 MAX_IDS = 100_000
-MAX_RANGE = 10_000_000
+MAX_RANGE = BATCH_CAP_MAX
 MAX_BODY = 64 * 1024
 NEGATIVE_CACHE_SECONDS = 1.0
 MAX_WARM_KEYS = 1000  # each generator has a refiller thread
@@ -67,6 +75,15 @@ HTML = "text/html; charset=utf-8"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 _HOT_HEADERS = [("content-type", TEXT)]
 _HOT_PREFIX = "/api/segment/get/"
+LEAF_ROUTE = _HOT_PREFIX + "{key}"
+IDS_ROUTE = "/v1/keys/{key}/ids"
+RANGES_ROUTE = "/v1/keys/{key}/ranges"
+SNOWFLAKE_ROUTE = "/api/snowflake/get/{key}"
+SNOWFLAKE_IDS_ROUTE = "/v1/snowflake/ids"
+# Who may call a route: anyone, holders of the client token (when one is set), the admin.
+OPEN, IDS, ADMIN = "open", "ids", "admin"
+BATCH_CAP_HEADER = "idmint-batch-cap"
+KEY_REFRESH = 5.0  # seconds between reads of every key's row (its batch cap) from the store
 _NUMBER = re.compile(r"[0-9]{1,19}")
 
 STATUS_OF: list[tuple[type[IdmintError], int]] = [
@@ -149,6 +166,36 @@ async def _read_body(length: str | None, proto: Any) -> bytes | None:
     return b"".join(parts)
 
 
+def _check_cap(row: Key, asked: int, what: str) -> None:
+    """Refuse a request for more ids than the key's batch cap, naming the cap (also in a
+    header, for clients that size their requests by it)."""
+    if asked <= row.batch_cap:
+        return
+    rule = (
+        "set by an admin"
+        if row.max_batch
+        else f"the default: the key's step x {BATCH_CAP_STEPS}, at most {BATCH_CAP_MAX}"
+    )
+    raise HttpError(
+        400,
+        f"{what} {asked} is over key {row.name!r}'s cap of {row.batch_cap} ids per request "
+        f"({rule}); ask for fewer, or have an admin change max_batch "
+        f"(PATCH /v1/keys/{row.name})",
+        ((BATCH_CAP_HEADER, str(row.batch_cap)),),
+    )
+
+
+def _bearer_in(authorization: str | None, accepted: tuple[str, ...]) -> bool:
+    """Whether the header is exactly one of the `accepted` ones (the hot path's check)."""
+    if authorization is None:
+        return False
+    given = authorization.encode("utf-8", "backslashreplace")
+    found = False
+    for header in accepted:  # every one compared, in constant time
+        found |= hmac.compare_digest(given, header.encode("utf-8"))
+    return found
+
+
 def _bearer_is(authorization: str | None, token: str) -> bool:
     """Whether an Authorization header carries `token` as a bearer token. Compared as bytes:
     compare_digest refuses str with non-ASCII characters (a TypeError: a 500 on every request),
@@ -193,6 +240,9 @@ class App:
         self.started = time.time()
         self.shutting_down = False
         self.counters = Counters()
+        # Every id route from the start, so the hot path adds to an entry that is there.
+        for route in (LEAF_ROUTE, IDS_ROUTE, RANGES_ROUTE, SNOWFLAKE_ROUTE, SNOWFLAKE_IDS_ROUTE):
+            self.counters.handed[route] = 0
         self._gens: dict[str, SegmentGenerator] = {}
         self._missing: dict[str, float] = {}
         self._rates: dict[str, RateMeter] = {}
@@ -208,23 +258,29 @@ class App:
         # How long a request waits for the store: a store call, or a range on top of it.
         self._store_deadline = self.config.timeout
         self._id_deadline = self.config.timeout + self.config.wait
-        self._routes: dict[str, dict[str, tuple[Handler, bool]]] = {
-            "/": {"GET": (self.dashboard, False)},
-            "/livez": {"GET": (self.livez, False)},
-            "/readyz": {"GET": (self.readyz, False)},
-            "/metrics": {"GET": (self.metrics, False)},
-            "/openapi.json": {"GET": (self.openapi, False)},
-            "/v1/stats": {"GET": (self.stats, False)},
-            "/v1/keys": {"GET": (self.list_keys, True), "POST": (self.add_key, True)},
-            "/api/segment/get/{key}": {"GET": (self.leaf_get, False)},
-            "/v1/keys/{key}": {"GET": (self.show_key, True)},
-            "/v1/keys/{key}/ids": {"GET": (self.ids, False)},
-            "/v1/keys/{key}/ranges": {"POST": (self.ranges, False)},
-            "/v1/keys/{key}/raise": {"POST": (self.raise_key, True)},
-            "/api/snowflake/get/{key}": {"GET": (self.snowflake_get, False)},
-            "/v1/snowflake/ids": {"GET": (self.snowflake_ids, False)},
-            "/decodeSnowflakeId": {"GET": (self.leaf_decode, False)},
-            "/v1/snowflake/decode/{key}": {"GET": (self.snowflake_decode, False)},
+        # Bearer headers the hot path accepts as they are (any other form of a good token
+        # takes the full path, which parses the header): none when the id routes are open.
+        self._id_bearers = tuple(
+            f"Bearer {t}" for t in (self.config.client_token, self.config.token) if t
+        )
+        self._key_rows: dict[str, Key] = {}  # each key's row as last read: its batch cap
+        self._routes: dict[str, dict[str, tuple[Handler, str]]] = {
+            "/": {"GET": (self.dashboard, OPEN)},
+            "/livez": {"GET": (self.livez, OPEN)},
+            "/readyz": {"GET": (self.readyz, OPEN)},
+            "/metrics": {"GET": (self.metrics, OPEN)},
+            "/openapi.json": {"GET": (self.openapi, OPEN)},
+            "/v1/stats": {"GET": (self.stats, OPEN)},
+            "/v1/keys": {"GET": (self.list_keys, ADMIN), "POST": (self.add_key, ADMIN)},
+            LEAF_ROUTE: {"GET": (self.leaf_get, IDS)},
+            "/v1/keys/{key}": {"GET": (self.show_key, ADMIN), "PATCH": (self.update_key, ADMIN)},
+            IDS_ROUTE: {"GET": (self.ids, IDS)},
+            RANGES_ROUTE: {"POST": (self.ranges, IDS)},
+            "/v1/keys/{key}/raise": {"POST": (self.raise_key, ADMIN)},
+            SNOWFLAKE_ROUTE: {"GET": (self.snowflake_get, IDS)},
+            SNOWFLAKE_IDS_ROUTE: {"GET": (self.snowflake_ids, IDS)},
+            "/decodeSnowflakeId": {"GET": (self.leaf_decode, OPEN)},
+            "/v1/snowflake/decode/{key}": {"GET": (self.snowflake_decode, OPEN)},
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -242,6 +298,7 @@ class App:
         log.info("idmint %s serving %s (pid %d)", __version__, self.minter.url, os.getpid())
         threading.Thread(target=self._warm_up, name="idmint-warm-up", daemon=True).start()
         threading.Thread(target=self._sample_rates, name="idmint-rates", daemon=True).start()
+        threading.Thread(target=self._refresh_rows, name="idmint-keys", daemon=True).start()
 
     def _warm_up(self) -> None:
         """Start every key's generator, as Leaf loads every tag at start, so the first requests
@@ -251,6 +308,7 @@ class App:
         except IdmintError as exc:
             log.warning("cannot list keys to warm up (they warm up on first use): %s", exc)
             return
+        self._keep_rows(keys)
         for key in keys[:MAX_WARM_KEYS]:
             if self.shutting_down:
                 return
@@ -294,12 +352,16 @@ class App:
         if scope.method == "GET" and path.startswith(_HOT_PREFIX):
             # Leaf's route without the router: the generator's lock-free hot path, right here.
             gen = self._gens.get(path[len(_HOT_PREFIX) :])
-            if gen is not None:
+            if gen is not None and (
+                not self._id_bearers
+                or _bearer_in(scope.headers.get("authorization"), self._id_bearers)
+            ):
                 try:
                     i = gen.try_next_id()
                 except IdmintError:
                     i = None  # the full path below answers with the right status
                 if i is not None:
+                    self.counters.handed[LEAF_ROUTE] += 1
                     proto.response_str(200, _HOT_HEADERS, str(i))
                     return
         body: bytes | None = b""
@@ -393,9 +455,11 @@ class App:
             if request.oversized or len(request.body) > MAX_BODY:
                 # Close: the rest of the body was never read, and is not worth draining.
                 raise HttpError(413, f"the body is over {MAX_BODY} bytes", _CLOSE)
-            handler, admin = methods[request.method]
-            if admin:
+            handler, access = methods[request.method]
+            if access == ADMIN:
                 self._authorize(request)
+            elif access == IDS and self._id_bearers:
+                self._authorize_ids(request)
             if key is not None:
                 check_key_name(key)
             return await handler(request, key)
@@ -441,22 +505,57 @@ class App:
             "--admin-loopback for loopback clients; the idmint keys command works on the store",
         )
 
-    async def _generator(self, key: str) -> SegmentGenerator:
-        """The key's generator; made only for keys that exist, so a flood of made-up names
-        costs one store read per name per second and no threads."""
-        gen = self._gens.get(key)
-        if gen is not None:
-            return gen
+    def _authorize_ids(self, request: Request) -> None:
+        """With a client token set, the routes that hand out ids need it (or the admin
+        token): without a credential, anyone could burn a key's ids for good."""
+        for token in (self.config.client_token, self.config.token):
+            if token and _bearer_is(request.authorization, token):
+                return
+        raise HttpError(
+            401,
+            "this route needs the client token (Authorization: Bearer ...)",
+            (("www-authenticate", 'Bearer realm="idmint"'),),
+        )
+
+    async def _key_row(self, key: str) -> Key:
+        """The key's row as last read (the refresher reads every row each KEY_REFRESH
+        seconds), or read now the first time; so a flood of made-up names costs one store
+        read per name per second (KeyNotFound is remembered that long) and no threads."""
+        row = self._key_rows.get(key)
+        if row is not None:
+            return row
         now = time.monotonic()
         if self._missing.get(key, 0.0) > now:
             raise KeyNotFound(key)
         try:
-            await self.pools["id"].run(self._store_deadline, self.minter.key, key)
+            row = await self.pools["id"].run(self._store_deadline, self.minter.key, key)
         except KeyNotFound:
             if len(self._missing) > 10_000:
                 self._missing.clear()
             self._missing[key] = now + NEGATIVE_CACHE_SECONDS
             raise
+        self._key_rows[key] = row
+        return row
+
+    def _keep_rows(self, keys: list[Key]) -> list[Key]:
+        self._key_rows.update((k.name, k) for k in keys)
+        return keys
+
+    def _refresh_rows(self) -> None:
+        """Read every key's row every KEY_REFRESH seconds, so a batch cap an admin changed on
+        any server applies here too within that time, without a store read per request."""
+        while not self._stopped.wait(KEY_REFRESH):
+            try:
+                self._keep_rows(self.minter.keys())
+            except IdmintError as exc:
+                log.debug("cannot refresh the keys' rows: %s", exc)
+
+    async def _generator(self, key: str) -> SegmentGenerator:
+        """The key's generator; made only for keys that exist."""
+        gen = self._gens.get(key)
+        if gen is not None:
+            return gen
+        await self._key_row(key)
         gen = self._gens.get(key) or self.minter.segment(key)
         self._gens[key] = gen
         return gen
@@ -469,11 +568,14 @@ class App:
         i = gen.try_next_id()
         if i is None:
             i = await self.pools["id"].run(self._id_deadline, gen.next_id)
+        self.counters.handed[LEAF_ROUTE] += 1
         return Response(200, str(i))
 
     async def ids(self, request: Request, key: str | None) -> Response:
         assert key is not None
         count = request.param("count", 1, MAX_IDS)
+        if count > 1:
+            _check_cap(await self._key_row(key), count, "count")
         gen = await self._generator(key)
         ids = gen.try_next_ids(count)
         if len(ids) < count:
@@ -483,23 +585,32 @@ class App:
                 if not ids:
                     raise
                 # Fewer ids than asked, rather than losing the ones already drawn.
+        self.counters.handed[IDS_ROUTE] += len(ids)
         return _json({"key": key, "ids": ids})
 
     async def ranges(self, request: Request, key: str | None) -> Response:
         assert key is not None
         size = request.param("size", 0, MAX_RANGE) or None  # absent: the key's own step
+        row = await self._key_row(key)
+        if size is not None:
+            _check_cap(row, size, "size")
+        elif row.step > row.batch_cap:
+            size = row.batch_cap  # a cap below the step bounds the default size too
         # A range the store commits after the deadline is dropped: skipped, never served.
         taken = await self.pools["id"].run(
             self._store_deadline, self.minter.store.allocate, key, size
         )
+        self._key_rows[key] = taken.key
         handed = self.counters.ranges_handed
         handed[key] = handed.get(key, 0) + len(taken.range)
+        self.counters.handed[RANGES_ROUTE] += len(taken.range)
         return _json(
             {
                 "key": key,
                 "start": taken.range.start,
                 "stop": taken.range.stop,
                 "step": taken.key.step,
+                "batch_cap": taken.key.batch_cap,
             }
         )
 
@@ -538,7 +649,9 @@ class App:
     async def snowflake_get(self, request: Request, key: str | None) -> Response:
         # Leaf's route takes a key and ignores it: one id space per server. We check the name.
         gen = await self._snowflake()
-        return Response(200, str(gen.next_id()))
+        i = gen.next_id()
+        self.counters.handed[SNOWFLAKE_ROUTE] += 1
+        return Response(200, str(i))
 
     async def snowflake_ids(self, request: Request, key: str | None) -> Response:
         count = request.param("count", 1, MAX_IDS)
@@ -549,6 +662,9 @@ class App:
             if count <= 256
             else await self.pools["id"].run(self._id_deadline, gen.next_ids, count)
         )
+        # No per-key cap here: a snowflake generator cannot run ahead of the clock, so a large
+        # batch costs time (up to 100,000 ids, 25 ms of a twitter layout's ids), not ids.
+        self.counters.handed[SNOWFLAKE_IDS_ROUTE] += len(ids)
         return _json({"ids": ids})
 
     def _decode(self, text: str) -> dict[str, Any]:
@@ -579,16 +695,32 @@ class App:
 
     async def list_keys(self, request: Request, key: str | None) -> Response:
         keys = await self.pools["admin"].run(self._store_deadline, self.minter.keys)
-        return _json({"keys": [k.as_dict() for k in keys]})
+        return _json({"keys": [k.as_dict() for k in self._keep_rows(keys)]})
 
     async def show_key(self, request: Request, key: str | None) -> Response:
         assert key is not None
         shown = await self.pools["admin"].run(self._store_deadline, self.minter.key, key)
+        self._key_rows[key] = shown
         return _json(shown.as_dict())
+
+    async def update_key(self, request: Request, key: str | None) -> Response:
+        assert key is not None
+        data = request.json()
+        if set(data) != {"max_batch"}:
+            raise HttpError(400, 'the body must be {"max_batch": N} (0: the default cap)')
+        updated = await self.pools["admin"].run(
+            self._store_deadline,
+            self.minter.set_max_batch,
+            key,
+            _int_field(data, "max_batch", 0),
+        )
+        self._key_rows[key] = updated
+        return _json(updated.as_dict())
 
     async def add_key(self, request: Request, key: str | None) -> Response:
         data = request.json()
-        unknown = sorted(set(data) - {"name", "step", "start", "max", "description"})
+        fields = {"name", "step", "start", "max", "description", "max_batch"}
+        unknown = sorted(set(data) - fields)
         if unknown:
             raise HttpError(400, f"unknown fields: {', '.join(unknown)}")
         name = data.get("name")
@@ -607,9 +739,11 @@ class App:
                 start=_int_field(data, "start", DEFAULT_FIRST_ID),
                 max=_int_field(data, "max", ID_MAX),
                 description=description,
+                max_batch=_int_field(data, "max_batch", 0),
             ),
         )
         self._missing.pop(name, None)
+        self._key_rows[name] = created
         return _json(created.as_dict(), 201)
 
     async def raise_key(self, request: Request, key: str | None) -> Response:
@@ -621,6 +755,7 @@ class App:
         raised = await self.pools["admin"].run(
             self._store_deadline, self.minter.raise_floor, key, to
         )
+        self._key_rows[key] = raised
         return _json(raised.as_dict())
 
     # -- operations --------------------------------------------------------------------------
@@ -632,7 +767,7 @@ class App:
         if self.shutting_down:
             return Response(503, "shutting down\n")
         try:
-            await self.pools["probe"].run(self._store_deadline, self.minter.keys)
+            self._keep_rows(await self.pools["probe"].run(self._store_deadline, self.minter.keys))
         except (IdmintError, PoolTimeout) as exc:
             return Response(503, f"store not reachable: {' '.join(str(exc).split())}\n")
         # Cold: still loading its first range, or its refills failing with nothing buffered.
@@ -647,7 +782,9 @@ class App:
         return Response(200, "ready\n")
 
     async def _snapshots(self) -> list[KeySnapshot]:
-        keys = await self.pools["probe"].run(self._store_deadline, self.minter.keys)
+        keys = self._keep_rows(
+            await self.pools["probe"].run(self._store_deadline, self.minter.keys)
+        )
         out = []
         for k in keys:
             gen = self._gens.get(k.name)

@@ -29,6 +29,9 @@ class ServerConfig:
     workers: int = 1
     #: Bearer token for the key admin routes; without one, admin over HTTP is refused.
     token: str = ""
+    #: Bearer token for the routes that hand out ids (the admin token works there too); empty:
+    #: those routes are open.
+    client_token: str = ""
     #: Admin without the token from loopback clients. Behind a reverse proxy on the same host
     #: every client is loopback, so this is an explicit opt-in, never a default.
     admin_loopback: bool = False
@@ -60,7 +63,7 @@ class ServerConfig:
     snowflake_namespace: str = "default"
 
     def __post_init__(self) -> None:
-        for name in ("token",):
+        for name in ("token", "client_token"):
             _check_token(name, getattr(self, name))
         layout_named(self.snowflake_layout)  # raises InvalidArgument naming the presets
         check_key_name(self.snowflake_namespace)
