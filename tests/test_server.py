@@ -85,6 +85,11 @@ def test_operations_routes(idmint_server: ServerProcess) -> None:
     page = httpx.get(url + "/")
     assert page.status_code == 200 and "<html" in page.text.lower()
     assert 'src="http' not in page.text and 'href="http' not in page.text  # served offline
+    for _ in range(3):  # warm: Leaf's route on the RSGI hot path, which counts too
+        assert httpx.get(url + "/api/segment/get/ticket").status_code == 200
+    metrics = httpx.get(url + "/metrics").text
+    assert 'idmint_ids_handed_total{route="/api/segment/get/{key}"} 3\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ids"} 10\n' in metrics
 
 
 def test_the_rate_is_ready_at_the_first_read(idmint_server: ServerProcess) -> None:
