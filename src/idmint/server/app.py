@@ -1,8 +1,9 @@
 """The HTTP app: one request handler with an RSGI shell (granian) and an ASGI shell (uvicorn).
 
 The id routes call the generator's non-blocking hot path on the event loop; only when nothing is
-buffered does a request wait for the store, on a thread. Store reads for admin, readiness and
-metrics always run on a thread.
+buffered does a request wait for the store, on a thread. Store work for admin, readiness and
+metrics always runs on a thread. Each kind has its own bounded pool, and every wait for the
+store has a deadline (pools.py), so a hung store holds up no route behind another.
 """
 
 from __future__ import annotations
