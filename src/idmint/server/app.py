@@ -263,9 +263,12 @@ class App:
         self._store_deadline = self.config.timeout
         self._id_deadline = self.config.timeout + self.config.wait
         # Bearer headers the hot path accepts as they are (any other form of a good token
-        # takes the full path, which parses the header): none when the id routes are open.
-        self._id_bearers = tuple(
-            f"Bearer {t}" for t in (self.config.client_token, self.config.token) if t
+        # takes the full path, which parses the header): none, and the id routes are open,
+        # unless a client token is set (the admin token alone guards admin only).
+        self._id_bearers = (
+            tuple(f"Bearer {t}" for t in (self.config.client_token, self.config.token) if t)
+            if self.config.client_token
+            else ()
         )
         self._key_rows: dict[str, Key] = {}  # each key's row as last read: its batch cap
         self._routes: dict[str, dict[str, tuple[Handler, str]]] = {

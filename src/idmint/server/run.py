@@ -33,10 +33,10 @@ def describe_access(config: ServerConfig) -> list[str]:
 def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT; then /readyz turns 503, in-flight requests finish and unused
     tails go back to the store."""
-    if not config.reuse_port:
-        check_port_free(config.host, config.port)
     store = open_store(config.store, timeout=config.timeout)  # a bad URL fails here, once
     try:
+        if not config.reuse_port:
+            check_port_free(config.host, config.port)
         store.init()  # and so does an unreachable store, before any worker starts
     finally:
         store.close()
