@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -17,20 +18,38 @@ from servers import free_port
 
 
 class ServerProcess:
-    """One `idmint serve` process on a free loopback port."""
+    """One `idmint serve` process on a free loopback port.
+
+    Key admin over HTTP is on for loopback clients (`--admin-loopback`) unless the test says
+    otherwise, so the tests can add keys without a token; `args` go after `serve`."""
 
     def __init__(
-        self, store_url: str, *, workers: int = 1, token: str = "", port: int | None = None
+        self,
+        store_url: str,
+        *,
+        workers: int = 1,
+        token: str = "",
+        port: int | None = None,
+        admin_loopback: bool = True,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.store_url = store_url
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers, self.token = workers, token
+        self.admin_loopback = admin_loopback
+        self.args, self.env = list(args), dict(env or {})
         self.log_path = Path(tempfile.mkdtemp(prefix="idmint-serve-")) / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
-        env = {**os.environ, "IDMINT_TOKEN": self.token}
+        env = {
+            **os.environ,
+            "IDMINT_TOKEN": self.token,
+            "IDMINT_ADMIN_LOOPBACK": "1" if self.admin_loopback else "0",
+            **self.env,
+        }
         args = [
             sys.executable,
             "-m",
@@ -42,6 +61,7 @@ class ServerProcess:
             str(self.port),
             "--workers",
             str(self.workers),
+            *self.args,
         ]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(

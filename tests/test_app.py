@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from idmint import InvalidArgument
 from idmint.server import App, ServerConfig
 from idmint.server.config import read_config_file
 
@@ -25,7 +26,7 @@ def call(
 
 @pytest.fixture
 def app(tmp_path: Path) -> App:
-    return App(ServerConfig(store=f"sqlite:///{tmp_path / 'app.db'}"))
+    return App(ServerConfig(store=f"sqlite:///{tmp_path / 'app.db'}", admin_loopback=True))
 
 
 def test_asgi_shell_serves_every_kind_of_route(app: App) -> None:
@@ -48,6 +49,35 @@ def test_admin_without_token_answers_loopback_only(app: App) -> None:
     # The id routes are for everyone.
     call(app, "POST", "/v1/keys", json={"name": "x"})
     assert call(app, "GET", "/api/segment/get/x", client="192.0.2.7").status_code == 200
+
+
+def test_admin_needs_the_token_unless_loopback_is_opted_in(tmp_path: Path) -> None:
+    # Behind a reverse proxy on the same host every client is loopback: loopback alone must
+    # not open key admin.
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'p.db'}"))
+    for client in ("127.0.0.1", "::1", "192.0.2.7"):
+        refused = call(app, "GET", "/v1/keys", client=client)
+        assert refused.status_code == 403, client
+        assert "--token" in refused.text and "--admin-loopback" in refused.text
+        assert refused.text.count("\n") == 1
+    assert call(app, "POST", "/v1/keys", json={"name": "x"}).status_code == 403
+    with_token = App(ServerConfig(store=f"sqlite:///{tmp_path / 'p.db'}", token="tok"))
+    assert call(with_token, "GET", "/v1/keys").status_code == 401  # loopback, no token
+    good = {"authorization": "Bearer tok"}
+    assert call(with_token, "GET", "/v1/keys", headers=good).status_code == 200
+
+
+def test_non_ascii_tokens_are_no_500(tmp_path: Path) -> None:
+    # A configured token granian could never receive is refused up front, and a header with
+    # non-ASCII bytes (the ASGI shell decodes them as latin-1) is a wrong token, not a 500.
+    with pytest.raises(InvalidArgument, match="ASCII"):
+        ServerConfig(token="t\u00f6k\u00e9n")
+    with pytest.raises(InvalidArgument, match="ASCII"):
+        ServerConfig.from_mapping({"token": " padded"})
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'n.db'}", token="tok"))
+    for value in ("Bearer t\u00f6k".encode(), b"Bearer \xff\xfe", b"bearer tok"):
+        response = call(app, "GET", "/v1/keys", headers={"authorization": value})
+        assert response.status_code == (200 if value == b"bearer tok" else 401), value
 
 
 def test_token_is_checked_from_any_address(tmp_path: Path) -> None:
@@ -81,6 +111,24 @@ def test_config_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         ServerConfig(http="3")
 
 
+def test_connection_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ServerConfig().http == "1"  # only HTTP/1.1 times out connections that say nothing
+    path = tmp_path / "idmint.toml"
+    path.write_text("[server]\nkeep_alive = false\nmax_connections = 100\nheader_timeout = 2.5\n")
+    config = ServerConfig.from_mapping(read_config_file(path))
+    assert (config.keep_alive, config.max_connections, config.header_timeout) == (False, 100, 2.5)
+    monkeypatch.setenv("IDMINT_KEEP_ALIVE", "false")  # not bool("false")
+    monkeypatch.setenv("IDMINT_ADMIN_LOOPBACK", "yes")
+    env = ServerConfig.from_env()
+    assert (env.keep_alive, env.admin_loopback) == (False, True)
+    monkeypatch.setenv("IDMINT_KEEP_ALIVE", "maybe")
+    with pytest.raises(ValueError, match="keep_alive"):
+        ServerConfig.from_env()
+    for bad in ({"header_timeout": 0}, {"max_connections": 0}, {"backlog": 10}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ServerConfig.from_mapping(bad)
+
+
 def test_snowflake_routes(app: App) -> None:
     from idmint.layout import TWITTER
 
@@ -110,3 +158,71 @@ def test_snowflake_routes(app: App) -> None:
     assert 'idmint_snowflake_clock_offset_error_seconds{layout="twitter"} ' in metrics
     app.shutdown()  # releases the worker id
     assert call(app, "GET", "/readyz").status_code == 503
+
+
+def test_batch_caps_bound_ranges_and_batches(app: App) -> None:
+    # A range request needed no credential and burned a 32-bit key in 215 requests: now each
+    # request takes at most the key's cap, by default its step x 100.
+    assert call(app, "POST", "/v1/keys", json={"name": "k", "step": 10}).status_code == 201
+    over = call(app, "POST", "/v1/keys/k/ranges?size=1001")
+    assert over.status_code == 400 and "cap of 1000" in over.text and "step x 100" in over.text
+    assert over.headers["idmint-batch-cap"] == "1000" and over.text.count("\n") == 1
+    assert call(app, "GET", "/v1/keys/k/ids?count=1001").status_code == 400
+    taken = call(app, "POST", "/v1/keys/k/ranges?size=1000").json()
+    assert taken["stop"] - taken["start"] == 1000 and taken["batch_cap"] == 1000
+    assert len(call(app, "GET", "/v1/keys/k/ids?count=1000").json()["ids"]) == 1000
+    # An admin sets it, and it is kept in the key's row.
+    patched = call(app, "PATCH", "/v1/keys/k", json={"max_batch": 50})
+    assert patched.status_code == 200, patched.text
+    assert (patched.json()["max_batch"], patched.json()["batch_cap"]) == (50, 50)
+    refused = call(app, "GET", "/v1/keys/k/ids?count=51")
+    assert refused.status_code == 400 and "cap of 50" in refused.text and "admin" in refused.text
+    assert len(call(app, "GET", "/v1/keys/k/ids?count=50").json()["ids"]) == 50
+    for body in ({"max_batch": -1}, {"max_batch": "x"}, {}, {"max_batch": 5, "step": 1}):
+        assert call(app, "PATCH", "/v1/keys/k", json=body).status_code == 400, body
+    assert call(app, "PATCH", "/v1/keys/nope", json={"max_batch": 5}).status_code == 404
+    made = call(app, "POST", "/v1/keys", json={"name": "wide", "step": 1000, "max_batch": 10})
+    assert made.status_code == 201 and made.json()["batch_cap"] == 10
+    # A cap below the step bounds a range of the default size too.
+    default = call(app, "POST", "/v1/keys/wide/ranges").json()
+    assert default["stop"] - default["start"] == 10
+    assert call(app, "GET", "/v1/keys/wide").json()["max_batch"] == 10
+
+
+def test_the_client_token_guards_the_id_routes(tmp_path: Path) -> None:
+    config = ServerConfig(store=f"sqlite:///{tmp_path / 'c.db'}", token="adm", client_token="cli")
+    app = App(config)
+    admin = {"authorization": "Bearer adm"}
+    assert call(app, "POST", "/v1/keys", json={"name": "k"}, headers=admin).status_code == 201
+    client = {"authorization": "Bearer cli"}
+    for method, path in (
+        ("GET", "/api/segment/get/k"),
+        ("GET", "/v1/keys/k/ids?count=3"),
+        ("POST", "/v1/keys/k/ranges?size=3"),
+        ("GET", "/api/snowflake/get/k"),
+        ("GET", "/v1/snowflake/ids?count=3"),
+    ):
+        refused = call(app, method, path)
+        assert refused.status_code == 401 and "client token" in refused.text, path
+        wrong = {"authorization": "Bearer nope"}
+        assert call(app, method, path, headers=wrong).status_code == 401, path
+        assert call(app, method, path, headers=client).status_code == 200, path
+        assert call(app, method, path, headers=admin).status_code == 200, path  # admin too
+    for path in ("/livez", "/metrics", "/openapi.json", "/v1/snowflake/decode/1"):
+        assert call(app, "GET", path).status_code == 200, path
+    # The client token is not an admin token.
+    assert call(app, "GET", "/v1/keys", headers=client).status_code == 401
+    with pytest.raises(InvalidArgument, match="client_token"):
+        ServerConfig(client_token="caf\u00e9")
+
+
+def test_ids_handed_per_route(app: App) -> None:
+    call(app, "POST", "/v1/keys", json={"name": "h", "step": 100})
+    call(app, "GET", "/api/segment/get/h")
+    call(app, "GET", "/v1/keys/h/ids?count=7")
+    call(app, "POST", "/v1/keys/h/ranges?size=30")
+    metrics = call(app, "GET", "/metrics").text
+    assert 'idmint_ids_handed_total{route="/api/segment/get/{key}"} 1\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ids"} 7\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ranges"} 30\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/snowflake/ids"} 0\n' in metrics

@@ -90,6 +90,10 @@ def test_exhausted_key_prints_what_it_got_then_fails(
         (["next", "order", "-n", "0"], "count must be"),
         (["next", "order", "-n", "-3"], "count must be"),
         (["next", "order", "-n", "lots"], "not a valid integer"),
+        (["next", "order", "-n", "2000000000"], "count must be an integer from 1 to 1000000"),
+        (["keys", "add", "x", "--max-batch", "10000001"], "max_batch must be"),
+        (["keys", "set", "order", "--max-batch", "-1"], "max_batch must be"),
+        (["keys", "set", "nope", "--max-batch", "5"], "not found"),
         (["next"], "Missing argument"),
         (["keys", "add", "bad name"], "bad key name"),
         (["keys", "add", "x", "--start", "10", "--max", "5"], "below start"),
@@ -130,6 +134,58 @@ def test_unreachable_store_is_one_line_and_exit_1(
 def test_password_never_printed(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "--store", "postgresql://u:s3cret@127.0.0.1:1/x", "next", "k")
     assert code == 1 and "s3cret" not in err and "u:***@" in err
+
+
+def test_next_refuses_a_huge_count_before_taking_anything(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    # A typo of a few zeros used to burn the whole key (and then die of MemoryError).
+    run(capsys, "--store", url, "keys", "add", "small", "--max", "1500000")
+    code, out, err = run(capsys, "--store", url, "next", "small", "-n", "1500000")
+    assert (code, out) == (2, "") and "count must be an integer from 1 to 1000000" in err
+    code, out, _ = run(capsys, "--store", url, "keys", "show", "small", "--json")
+    assert json.loads(out)["remaining"] == 1_500_000  # nothing was taken
+
+
+def test_next_prints_a_million_ids_without_holding_them(url: str) -> None:
+    # Peak memory of the command itself (VmHWM: ru_maxrss would count the memory of pytest,
+    # which forked it): the ids go out in chunks, not as one string.
+    script = (
+        "import re, sys\n"
+        "from idmint.cli import main\n"
+        "def peak():\n"
+        "    status = open('/proc/self/status').read()\n"
+        "    return int(re.search(r'VmHWM:\\s+(\\d+)', status).group(1))\n"
+        f"main(['--store', {url!r}, 'keys', 'add', 'big'])\n"
+        "sys.stdout.flush()\n"
+        "before = peak()\n"
+        f"code = main(['--store', {url!r}, 'next', 'big', '-n', '1000000'])\n"
+        "sys.stdout.flush()\n"
+        "print(code, peak() - before, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    lines = done.stdout.splitlines()
+    assert lines[1:] == [str(i) for i in range(1, 1_000_001)]
+    code, grown_kib = map(int, done.stderr.split())
+    assert code == 0
+    assert grown_kib < 20_000, f"{grown_kib} KiB more for the ids"  # joined at once: ~75 MB
+
+
+def test_keys_batch_cap(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    assert (
+        run(capsys, "--store", url, "keys", "add", "c", "--step", "10", "--max-batch", "50")[0] == 0
+    )
+    code, out, _ = run(capsys, "--store", url, "keys", "show", "c", "--json")
+    assert (json.loads(out)["max_batch"], json.loads(out)["batch_cap"]) == (50, 50)
+    code, out, _ = run(capsys, "--store", url, "keys", "set", "c", "--max-batch", "0")
+    assert (code, out) == (
+        0,
+        "c: at most 1000 ids per HTTP request (the default, the step x 100)\n",
+    )
+    code, out, _ = run(capsys, "--store", url, "keys", "list")
+    assert out.splitlines()[0].split()[6:8] == ["BATCH", "CAP"] and " 1000 " in out
 
 
 def test_python_dash_m_and_no_traceback(tmp_path: Path) -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -80,6 +85,11 @@ def test_operations_routes(idmint_server: ServerProcess) -> None:
     page = httpx.get(url + "/")
     assert page.status_code == 200 and "<html" in page.text.lower()
     assert 'src="http' not in page.text and 'href="http' not in page.text  # served offline
+    for _ in range(3):  # warm: Leaf's route on the RSGI hot path, which counts too
+        assert httpx.get(url + "/api/segment/get/ticket").status_code == 200
+    metrics = httpx.get(url + "/metrics").text
+    assert 'idmint_ids_handed_total{route="/api/segment/get/{key}"} 3\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ids"} 10\n' in metrics
 
 
 def test_the_rate_is_ready_at_the_first_read(idmint_server: ServerProcess) -> None:
@@ -163,7 +173,9 @@ def test_bad_bodies(idmint_server: ServerProcess, path: str, body: bytes, status
 
 
 def test_token_guards_admin_only(tmp_path: Path) -> None:
-    server = ServerProcess(f"sqlite:///{tmp_path / 't.db'}", token="s3cret").start()
+    server = ServerProcess(
+        f"sqlite:///{tmp_path / 't.db'}", token="s3cret", admin_loopback=False
+    ).start()
     try:
         url = server.url
         assert httpx.get(url + "/v1/keys").status_code == 401
@@ -174,6 +186,134 @@ def test_token_guards_admin_only(tmp_path: Path) -> None:
         assert httpx.post(url + "/v1/keys", json={"name": "k"}, headers=good).status_code == 201
         assert httpx.get(url + "/v1/keys", headers=good).status_code == 200
         assert httpx.get(url + "/api/segment/get/k").status_code == 200  # ids need no token
+    finally:
+        server.stop()
+
+
+def test_admin_over_http_is_off_without_a_token(tmp_path: Path) -> None:
+    # A reverse proxy on the same host makes every client loopback: without a token, admin
+    # over HTTP is refused unless the operator opted in with --admin-loopback; the log says so.
+    store = f"sqlite:///{tmp_path / 'a.db'}"
+    server = ServerProcess(store, admin_loopback=False).start()
+    try:
+        refused = httpx.post(server.url + "/v1/keys", json={"name": "k"})
+        assert refused.status_code == 403 and "--admin-loopback" in refused.text
+        assert httpx.get(server.url + "/v1/keys").status_code == 403
+        assert "key admin over HTTP refused" in server.log()
+    finally:
+        server.stop()
+    opted = ServerProcess(store, admin_loopback=False, args=["--admin-loopback"]).start()
+    try:
+        assert httpx.post(opted.url + "/v1/keys", json={"name": "k"}).status_code == 201
+        log = opted.log()
+        assert "open to loopback clients without a token (--admin-loopback)" in log
+        assert "every client is loopback" in log
+    finally:
+        opted.stop()
+
+
+def test_a_non_ascii_token_is_refused_at_start() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "idmint", "--store", "memory://", "serve", "--token", "t\u00f6k"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "ASCII" in run.stderr
+
+
+def _worker_pids(server: ServerProcess) -> list[int]:
+    """granian's worker processes: the children of the server's main process."""
+    assert server.proc is not None
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == server.proc.pid:
+            found.append(int(name))
+    assert found, "no worker process"
+    return found
+
+
+def _rss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def test_a_huge_body_is_refused_as_it_streams(idmint_server: ServerProcess) -> None:
+    # The RSGI shell read the whole body before checking its size: a 1 GiB POST took the
+    # worker to 2.7 GB. Now it stops reading at 64 KiB. The body is a generator, so this test
+    # never holds it either; it stops early (and fails) if the worker starts buffering.
+    workers = _worker_pids(idmint_server)
+    before = _rss_mib(workers)
+    sent = 0
+
+    def body() -> Iterator[bytes]:
+        nonlocal sent
+        chunk = b"x" * (1 << 20)
+        while sent < 1 << 30:
+            if sent % (32 << 20) == 0:
+                grown = _rss_mib(workers) - before
+                assert grown < 200, f"the worker grew {grown:.0f} MiB after {sent >> 20} MiB"
+            sent += len(chunk)
+            yield chunk
+
+    response = httpx.post(idmint_server.url + "/v1/keys", content=body(), timeout=30)
+    assert response.status_code == 413 and "65536" in response.text
+    assert sent < 1 << 30
+    assert _rss_mib(workers) - before < 50
+    assert httpx.get(idmint_server.url + "/livez").status_code == 200
+
+
+def _open_idle(port: int, count: int) -> list[socket.socket]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < count + 512:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
+    return [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+
+
+def test_idle_connections_do_not_stall_the_server(idmint_server: ServerProcess) -> None:
+    # 1,030 connections that sent nothing stalled the default server for good: granian held
+    # 1,024 per worker (its backpressure counts connections) and waited on them forever.
+    idle = _open_idle(idmint_server.port, 1100)
+    try:
+        started = time.monotonic()
+        response = httpx.get(idmint_server.url + "/livez", timeout=10)
+        assert response.status_code == 200
+        assert time.monotonic() - started < 3
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_silent_connections_close_after_the_header_timeout(tmp_path: Path) -> None:
+    server = ServerProcess(
+        f"sqlite:///{tmp_path / 'h.db'}", args=["--header-timeout", "1", "--max-connections", "50"]
+    ).start()
+    try:
+        kept = socket.create_connection(("127.0.0.1", server.port))
+        kept.sendall(b"GET /livez HTTP/1.1\r\nHost: idmint\r\n\r\n")
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        silent = _open_idle(server.port, 120)  # more than one worker holds
+        started = time.monotonic()
+        # A fresh request gets through once the silent ones time out, a batch a second.
+        assert httpx.get(server.url + "/livez", timeout=20).status_code == 200
+        assert time.monotonic() - started < 10
+        for sock in [kept, *silent]:
+            sock.settimeout(10)
+            assert sock.recv(1) == b""  # closed by the server
+            sock.close()
+        assert time.monotonic() - started < 15
+        assert "up to 50 connections per worker" in server.log()
     finally:
         server.stop()
 
@@ -349,6 +489,42 @@ def test_serve_with_a_bad_store_is_one_line() -> None:
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "bad store URL" in run.stderr
 
 
+def test_a_second_server_on_a_served_port_is_refused(tmp_path: Path) -> None:
+    # granian binds with SO_REUSEPORT: a second server on the same port used to start silently
+    # and share the connections; with another store that repeats ids.
+    first = ServerProcess(f"sqlite:///{tmp_path / 'one.db'}").start()
+    try:
+        second = subprocess.run(
+            [
+                *(sys.executable, "-m", "idmint", "--store", f"sqlite:///{tmp_path / 'two.db'}"),
+                *("serve", "--port", str(first.port)),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.startswith("idmint: error: ") and second.stderr.count("\n") == 1
+        assert f"port {first.port}" in second.stderr and "--reuse-port" in second.stderr
+        # Asked for, sharing still works.
+        shared = ServerProcess(
+            f"sqlite:///{tmp_path / 'one.db'}", port=first.port, args=["--reuse-port"]
+        ).start()
+        try:
+            # /livez answered by either server: wait for this one's own start-up log.
+            deadline = time.monotonic() + 20
+            while "Started worker" not in shared.log():
+                assert time.monotonic() < deadline, shared.log()
+                time.sleep(0.05)
+            assert "--reuse-port" in shared.log()
+            assert shared.proc is not None and shared.proc.poll() is None
+        finally:
+            shared.stop()
+    finally:
+        first.stop()
+
+
 def test_config_file(tmp_path: Path) -> None:
     conf = tmp_path / "idmint.toml"
     conf.write_text('[server]\nport = "not a port"\n')
@@ -409,3 +585,180 @@ def test_readyz_follows_the_store_and_warm_buffers(request: pytest.FixtureReques
             time.sleep(0.1)
     finally:
         server.stop()
+
+
+def _timed(method: str, url: str, **kwargs: object) -> tuple[int | None, float]:
+    """(status, seconds) of one request; status None when it got no answer in 20 s."""
+    started = time.monotonic()
+    try:
+        status: int | None = httpx.request(method, url, timeout=20, **kwargs).status_code  # type: ignore[arg-type]
+    except httpx.HTTPError:
+        status = None
+    return status, time.monotonic() - started
+
+
+def _warm_server(
+    request: pytest.FixtureRequest, name: str, **env: str
+) -> tuple[object, str, ServerProcess]:
+    postgres = request.getfixturevalue("postgres")
+    url = postgres.create_database(name)
+    with idmint.connect(url) as minter:
+        minter.add_key("warm", step=100_000)
+    server = ServerProcess(url, env=env).start()
+    deadline = time.monotonic() + 15
+    while httpx.get(server.url + "/readyz").status_code != 200:
+        assert time.monotonic() < deadline, "never ready"
+        time.sleep(0.05)
+    return postgres, url, server
+
+
+def test_a_hung_store_holds_up_no_route(request: pytest.FixtureRequest) -> None:
+    # PostgreSQL SIGSTOPped, its sockets open: store reads used to fill the shared default
+    # executor, and then every route that needs a thread hung without bound.
+    postgres, _, server = _warm_server(request, "hung_routes")
+    url = server.url
+    try:
+        postgres.pause()  # type: ignore[attr-defined]
+        try:
+            # Probes answer 503 with a reason, within the store timeout (2 s) and some slack.
+            for path in ("/readyz", "/metrics", "/v1/stats"):
+                response = httpx.get(url + path, timeout=20)
+                assert response.status_code == 503, (path, response.text)
+                assert response.text.count("\n") == 1 and "store" in response.text
+            for path in ("/readyz", "/metrics", "/api/segment/get/nope", "/v1/keys"):
+                status, took = _timed("GET", url + path)
+                assert status == 503, (path, status)
+                assert took < 6, (path, took)
+            stop = threading.Event()
+            outcomes: list[int | None] = []
+
+            def flood() -> None:  # readiness, metrics, stats and admin, as hard as they can
+                paths = ["/readyz", "/metrics", "/v1/stats", "/v1/keys", "/api/segment/get/x1"]
+                with httpx.Client(base_url=url, timeout=20) as http:
+                    while not stop.is_set():
+                        for path in paths:
+                            try:
+                                outcomes.append(http.get(path).status_code)
+                            except httpx.HTTPError:
+                                outcomes.append(None)
+
+            flooders = [threading.Thread(target=flood) for _ in range(24)]
+            for thread in flooders:
+                thread.start()
+            try:
+                slowest = 0.0
+                ids: list[int] = []
+                with httpx.Client(base_url=url, timeout=20) as http:
+                    for _ in range(100):  # warm keys keep answering from their buffers
+                        started = time.monotonic()
+                        ids.append(int(http.get("/api/segment/get/warm").text))
+                        ids += http.get("/v1/keys/warm/ids", params={"count": 10}).json()["ids"]
+                        slowest = max(slowest, time.monotonic() - started)
+                        time.sleep(0.02)
+                assert slowest < 1.0, slowest
+                assert assert_unique(ids) == 1100
+                status, took = _timed("GET", url + "/api/segment/get/nope2")
+                assert status in (503, 404) and took < 6, (status, took)
+            finally:
+                stop.set()
+                for thread in flooders:
+                    thread.join(30)
+            assert outcomes and None not in outcomes  # every request got an answer
+            assert set(outcomes) <= {503}, set(outcomes)
+        finally:
+            postgres.resume()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/readyz", timeout=20).status_code != 200:
+            assert time.monotonic() < deadline, "not ready again after the store came back"
+            time.sleep(0.1)
+        assert httpx.get(url + "/api/segment/get/nope").status_code == 404
+    finally:
+        server.stop()
+
+
+def test_sigterm_exits_within_the_shutdown_timeout_on_a_hung_store(
+    request: pytest.FixtureRequest,
+) -> None:
+    # From the environment, which older versions ignored: they waited for the store forever.
+    postgres, _, server = _warm_server(request, "hung_stop", IDMINT_SHUTDOWN_TIMEOUT="3")
+    try:
+        httpx.get(server.url + "/v1/keys/warm/ids", params={"count": 10})
+        postgres.pause()  # type: ignore[attr-defined]
+        try:
+            assert server.proc is not None
+            started = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            try:
+                code = server.proc.wait(3 + 4)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                pytest.fail(f"SIGTERM took over 7 s with a hung store: {server.log()}")
+            took = time.monotonic() - started
+        finally:
+            postgres.resume()  # type: ignore[attr-defined]
+        assert code == 0, server.log()
+        assert took < 7
+        assert "did not answer within" in server.log()
+    finally:
+        server.stop()
+
+
+def test_the_client_token_on_a_real_server(tmp_path: Path) -> None:
+    server = ServerProcess(
+        f"sqlite:///{tmp_path / 'ct.db'}", token="adm", args=["--client-token", "cli"]
+    ).start()
+    try:
+        url = server.url
+        admin = {"authorization": "Bearer adm"}
+        made = httpx.post(url + "/v1/keys", json={"name": "k", "step": 100}, headers=admin)
+        assert made.status_code == 201
+        good = {"authorization": "Bearer cli"}
+        assert httpx.get(url + "/api/segment/get/k", headers=good).status_code == 200
+        # Warm now: the RSGI hot path checks the token too, in any spelling of the scheme.
+        assert httpx.get(url + "/api/segment/get/k").status_code == 401
+        assert (
+            httpx.get(url + "/api/segment/get/k", headers={"authorization": "x"}).status_code == 401
+        )
+        lower = {"authorization": "bearer   cli"}
+        assert httpx.get(url + "/api/segment/get/k", headers=lower).status_code == 200
+        assert httpx.get(url + "/api/segment/get/k", headers=admin).status_code == 200
+        with idmint.Client(url, token="cli") as client:
+            assert len(set(client.segment("k").next_ids(300))) == 300
+        with (
+            idmint.Client(url) as anonymous,
+            pytest.raises(idmint.InvalidArgument, match="client token"),
+        ):
+            anonymous.take("k", 5)
+        assert "key admin over HTTP needs the admin token" in server.log()
+    finally:
+        server.stop()
+
+
+def test_a_32_bit_key_cannot_be_burned(idmint_server: ServerProcess) -> None:
+    # 215 requests of size=10000000 used to take every id of a 32-bit key, for good.
+    url = idmint_server.url
+    add_key(idmint_server, "ticket", max=2**31 - 1)
+    refused = httpx.post(url + "/v1/keys/ticket/ranges", params={"size": 10_000_000})
+    assert refused.status_code == 400 and "cap of 100000" in refused.text
+    with idmint.connect(idmint_server.store_url) as minter:
+        assert minter.key("ticket").remaining == 2**31 - 1  # nothing taken
+
+
+def test_clients_keep_within_the_cap(idmint_server: ServerProcess) -> None:
+    # A client's dynamic step grows past a small cap, and an admin lowers the cap while it
+    # runs: the client asks within the cap the server names, and never fails for it.
+    url = idmint_server.url
+    add_key(idmint_server, "c", step=50)
+    assert httpx.patch(url + "/v1/keys/c", json={"max_batch": 120}).status_code == 200
+    options = idmint.SegmentOptions(max_step=100_000)
+    ids: list[int] = []
+    with idmint.Client(url, segment_options=options) as client:
+        gen = client.segment("c")
+        ids += gen.next_ids(1000)  # steps 50, 100, then 120 at most
+        assert httpx.patch(url + "/v1/keys/c", json={"max_batch": 60}).status_code == 200
+        ids += gen.next_ids(1000)
+        assert len(client.take("c", 1000)) == 60
+    assert assert_unique(ids) == 2000
+    with idmint.connect(idmint_server.store_url) as minter:
+        # Every range the client took was within the cap in force: no id burned beyond it.
+        assert minter.key("c").max_id - 1 <= max(ids) + 60 + 120 * 2

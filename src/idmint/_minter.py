@@ -16,6 +16,7 @@ from .ids import (
     check_count,
     check_key_bounds,
     check_key_name,
+    check_max_batch,
 )
 from .layout import Layout
 from .stores import DEFAULT_TIMEOUT, open_lease_store, open_store
@@ -83,16 +84,31 @@ class Minter(ForkAware):
         start: int = DEFAULT_FIRST_ID,
         max: int = ID_MAX,  # the CLI's --max: same name
         description: str = "",
+        max_batch: int = 0,
     ) -> Key:
         """Create a key whose ids run from `start` to `max` (2**31 - 1 for a 32-bit key),
-        taken from the store `step` at a time (the dynamic step grows from there)."""
+        taken from the store `step` at a time (the dynamic step grows from there).
+        `max_batch`: see set_max_batch (0, the default rule, until it is set)."""
         check_key_name(name)
         check_key_bounds(step, start, max)
+        check_max_batch(max_batch)
         if len(description) > 256:
             raise InvalidArgument("description must be at most 256 characters")
-        return self.store.add_key(
+        key = self.store.add_key(
             name, step=step, first_id=start, last_id=max, description=description
         )
+        return self.set_max_batch(name, max_batch) if max_batch else key
+
+    def set_max_batch(self, name: str, max_batch: int) -> Key:
+        """Cap the ids one request may take over HTTP from key `name` (a range, a batch) at
+        `max_batch`; 0 restores the default, the key's step x 100 (at most 10,000,000). It is
+        kept in the key's row, so every server on the store applies the same cap."""
+        # Not every RangeStore keeps caps (a client's HttpRangeStore does not): ask, then call.
+        setter = getattr(self.store, "set_max_batch", None)
+        if setter is None:
+            raise InvalidArgument(f"store {self.url} keeps no batch caps")
+        key: Key = setter(check_key_name(name), check_max_batch(max_batch))
+        return key
 
     def key(self, name: str) -> Key:
         """The key's row in the store. Raises KeyNotFound."""

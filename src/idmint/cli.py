@@ -19,11 +19,30 @@ import click
 from . import __version__
 from ._errors import Exhausted, IdmintError, InvalidArgument, KeyExists, KeyNotFound
 from ._minter import Minter, connect
-from .ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, UINT31_MAX, Key, check_count
+from .ids import (
+    BATCH_CAP_MAX,
+    DEFAULT_FIRST_ID,
+    DEFAULT_STEP,
+    ID_MAX,
+    UINT31_MAX,
+    Key,
+    check_count,
+)
 from .stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+# `next -n` and `snowflake -n` at most: a typo of a few zeros must not burn a bounded key (or
+# hold every id in memory) before anything is printed.
+MAX_COUNT = 1_000_000
+# `next` prints this many ids per write: its memory stays small whatever -n is.
+PRINT_CHUNK = 10_000
+
+_MAX_BATCH_HELP = (
+    "The most ids one HTTP request may take from the key (a range, a batch); 0: the step x 100, "
+    f"at most {BATCH_CAP_MAX:,}."
+)
 
 BAD_INPUT = (InvalidArgument, KeyNotFound, KeyExists)
 
@@ -137,6 +156,7 @@ def keys() -> None:
     help=f"The largest id; {UINT31_MAX} for a 32-bit key.",
 )
 @click.option("--description", default="", help="Free text, up to 256 characters.")
+@click.option("--max-batch", type=int, default=0, show_default=True, help=_MAX_BATCH_HELP)
 @click.option("--exist-ok", is_flag=True, help="A key of that name already there is not an error.")
 @click.pass_context
 def keys_add(
@@ -146,12 +166,20 @@ def keys_add(
     start: int,
     max_: int,
     description: str,
+    max_batch: int,
     exist_ok: bool,
 ) -> None:
     """Create key NAME."""
     with _minter(ctx) as minter:
         try:
-            key = minter.add_key(name, step=step, start=start, max=max_, description=description)
+            key = minter.add_key(
+                name,
+                step=step,
+                start=start,
+                max=max_,
+                description=description,
+                max_batch=max_batch,
+            )
         except KeyExists:
             if not exist_ok:
                 raise
@@ -173,7 +201,7 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
         for key in all_keys:
             click.echo(json.dumps(key.as_dict()))
         return
-    rows = [("KEY", "NEXT", "STEP", "FIRST", "MAX", "REMAINING", "UPDATED")]
+    rows = [("KEY", "NEXT", "STEP", "FIRST", "MAX", "REMAINING", "BATCH CAP", "UPDATED")]
     rows += [
         (
             k.name,
@@ -182,6 +210,7 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
             str(k.first_id),
             str(k.last_id),
             str(k.remaining),
+            str(k.batch_cap),
             _when(k),
         )
         for k in all_keys
@@ -224,19 +253,43 @@ def keys_raise(ctx: click.Context, name: str, to: int) -> None:
         click.echo(f"{name}: the next range starts at {start}")
 
 
+@keys.command("set")
+@store_options
+@click.argument("name")
+@click.option("--max-batch", type=int, required=True, help=_MAX_BATCH_HELP)
+@click.pass_context
+def keys_set(ctx: click.Context, name: str, max_batch: int) -> None:
+    """Change key NAME's batch cap, for every server on the store."""
+    with _minter(ctx) as minter:
+        key = minter.set_max_batch(name, max_batch)
+    rule = "set" if key.max_batch else "the default, the step x 100"
+    click.echo(f"{key.name}: at most {key.batch_cap} ids per HTTP request ({rule})")
+
+
 @cli.command("next")
 @store_options
 @click.argument("name")
-@click.option("-n", "count", type=int, default=1, show_default=True, help="How many ids.")
+@click.option(
+    "-n",
+    "count",
+    type=int,
+    default=1,
+    show_default=True,
+    help=f"How many ids, {MAX_COUNT:,} at most.",
+)
 @click.pass_context
 def next_(ctx: click.Context, name: str, count: int) -> None:
     """Print COUNT new ids of key NAME, one per line.
 
     Takes exactly COUNT ids from the store in one allocation, so nothing is wasted.
     """
+    check_count(count, maximum=MAX_COUNT)  # before the store: nothing taken on a typo
     with _minter(ctx) as minter:
         taken = minter.take(name, count)
-    click.echo("\n".join(map(str, taken)))
+    # In chunks as they are made: one string of every id would be the whole batch in memory.
+    for start in range(taken.start, taken.stop, PRINT_CHUNK):
+        chunk = range(start, min(start + PRINT_CHUNK, taken.stop))
+        click.echo("\n".join(map(str, chunk)))
     if len(taken) < count:  # a bounded key ran out: the ids above are still good
         raise Exhausted(name, taken.last)
 
@@ -249,14 +302,67 @@ def next_(ctx: click.Context, name: str, count: int) -> None:
 @click.option(
     "--token",
     envvar="IDMINT_TOKEN",
-    help="Bearer token for key admin; without one, admin answers on loopback only.",
+    help="Bearer token for key admin over HTTP; without one, admin over HTTP is refused.",
+)
+@click.option(
+    "--client-token",
+    envvar="IDMINT_CLIENT_TOKEN",
+    help="Bearer token the routes that hand out ids need (the admin token works there too); "
+    "without one, they are open.",
+)
+@click.option(
+    "--admin-loopback",
+    envvar="IDMINT_ADMIN_LOOPBACK",
+    is_flag=True,
+    default=None,
+    help="Allow key admin without the token from loopback clients. Not behind a reverse proxy "
+    "on the same host: there every client is loopback.",
+)
+@click.option(
+    "--shutdown-timeout",
+    envvar="IDMINT_SHUTDOWN_TIMEOUT",
+    type=float,
+    help="Seconds from SIGTERM to exit, whatever the store does [default: 10].",
+)
+@click.option(
+    "--reuse-port",
+    envvar="IDMINT_REUSE_PORT",
+    is_flag=True,
+    default=None,
+    help="Share the port with other processes; without it, a port another process listens "
+    "on is refused.",
 )
 @click.option(
     "--http",
     "http_version",
     envvar="IDMINT_HTTP",
     type=click.Choice(["auto", "1", "2"]),
-    help="HTTP versions to speak [default: auto].",
+    help="HTTP versions to speak [default: 1; auto and 2 do not time out silent connections].",
+)
+@click.option(
+    "--max-connections",
+    envvar="IDMINT_MAX_CONNECTIONS",
+    type=int,
+    help="Connections each worker holds at once, idle ones included [default: 4096].",
+)
+@click.option(
+    "--backlog",
+    envvar="IDMINT_BACKLOG",
+    type=int,
+    help="Connections the kernel queues before a worker takes them [default: 1024].",
+)
+@click.option(
+    "--header-timeout",
+    envvar="IDMINT_HEADER_TIMEOUT",
+    type=float,
+    help="Seconds a connection has to send a request's headers; idle kept-alive connections "
+    "close then too [default: 10].",
+)
+@click.option(
+    "--keep-alive/--no-keep-alive",
+    envvar="IDMINT_KEEP_ALIVE",
+    default=None,
+    help="HTTP/1.1 keep-alive [default: on].",
 )
 @click.option(
     "--config",
@@ -272,7 +378,15 @@ def serve(
     port: int | None,
     workers: int | None,
     token: str | None,
+    client_token: str | None,
+    admin_loopback: bool | None,
+    shutdown_timeout: float | None,
+    reuse_port: bool | None,
     http_version: str | None,
+    max_connections: int | None,
+    backlog: int | None,
+    header_timeout: float | None,
+    keep_alive: bool | None,
     config_file: Path | None,
 ) -> None:
     """Serve ids over HTTP (Leaf-compatible routes, dashboard at /, metrics at /metrics)."""
@@ -283,7 +397,21 @@ def serve(
     for name in ("store", "timeout"):  # a flag or env var beats the file
         if name in ctx.obj["given"] or name not in values:
             values[name] = ctx.obj[name]
-    flags = {"host": host, "port": port, "workers": workers, "token": token, "http": http_version}
+    flags = {
+        "host": host,
+        "port": port,
+        "workers": workers,
+        "token": token,
+        "client_token": client_token,
+        "admin_loopback": admin_loopback,
+        "shutdown_timeout": shutdown_timeout,
+        "reuse_port": reuse_port,
+        "http": http_version,
+        "max_connections": max_connections,
+        "backlog": backlog,
+        "header_timeout": header_timeout,
+        "keep_alive": keep_alive,
+    }
     values.update({k: v for k, v in flags.items() if v is not None})
     run_server(ServerConfig.from_mapping(values))
 
@@ -329,7 +457,7 @@ def snowflake(
     """Print COUNT snowflake ids, one per line, from a leased worker id."""
     from .strategies.snowflake import SnowflakeOptions
 
-    check_count(count, maximum=1_000_000)
+    check_count(count, maximum=MAX_COUNT)
     with _minter(ctx) as minter:
         flakes = minter.snowflake(
             layout, SnowflakeOptions(namespace=namespace), worker_id=worker_id, state=state

@@ -70,6 +70,7 @@ class HttpRangeStore(ForkAware):
         self._http = self._new_http()
         self._preferred = 0
         self._lock = threading.Lock()
+        self._caps: dict[str, int] = {}  # each key's batch cap, as the servers last said
         self._store_id: str | None = None  # the one store every server must be on
         self._store_server = ""
         self._surveyed = False
@@ -131,6 +132,9 @@ class HttpRangeStore(ForkAware):
             with self._lock:
                 self._preferred = index
             if response.status_code >= 400:
+                cap = response.headers.get("idmint-batch-cap", "")
+                if cap.isdigit() and path.startswith("/v1/keys/"):
+                    self._caps[path.split("/")[3]] = int(cap)
                 raise _error_for(response, path)
             return response.json()
         raise StoreUnavailable("no idmint server answered: " + "; ".join(failures))
@@ -159,8 +163,23 @@ class HttpRangeStore(ForkAware):
     def allocate(self, name: str, count: int | None = None) -> Allocation:
         if not self._surveyed:
             self._survey()
-        params = {"size": count} if count is not None else {}
-        data = self._request("POST", f"/v1/keys/{check_key_name(name)}/ranges", params=params)
+        # A key's batch cap (kept in its row, the same on every server) bounds what one request
+        # may take: ask for no more than the servers last said, as a bounded key's end also
+        # shortens a range; and once more within it when a server refused (a lowered cap).
+        path = f"/v1/keys/{check_key_name(name)}/ranges"
+        cap = self._caps.get(name)
+        if count is not None and cap is not None:
+            count = min(count, cap)
+        try:
+            data = self._request("POST", path, params={"size": count} if count else {})
+        except InvalidArgument:
+            cap = self._caps.get(name)
+            if count is None or cap is None or count <= cap:
+                raise
+            count = cap
+            data = self._request("POST", path, params={"size": count})
+        if "batch_cap" in data:
+            self._caps[name] = int(data["batch_cap"])
         taken = Range(int(data["start"]), int(data["stop"]))
         step = int(data.get("step") or len(taken))
         # What the client knows of the key: enough for the dynamic step (its floor is `step`).
@@ -213,6 +232,7 @@ def _key(data: dict[str, Any]) -> Key:
         int(data["start"]),
         int(data["max"]),
         str(data.get("description") or ""),
+        max_batch=int(data.get("max_batch") or 0),  # absent from older servers' answers
     )
 
 
@@ -243,7 +263,8 @@ class _ClientBase:
             return gen
 
     def take(self, key: str, count: int) -> Range:
-        """One range of `count` ids straight from a server."""
+        """One range of `count` ids straight from a server: fewer at a bounded key's end, and
+        at most the key's batch cap (see `idmint keys set --max-batch`)."""
         check_count(count)
         return self.store.allocate(check_key_name(key), count).range
 

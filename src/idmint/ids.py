@@ -17,6 +17,12 @@ UINT31_MAX = 2**31 - 1  # the largest id of a "32-bit" key: a signed INT column 
 DEFAULT_STEP = 1000
 DEFAULT_FIRST_ID = 1
 
+# The most ids one request may take over HTTP (a range, a batch), per key: the key's
+# `max_batch` when an admin set one, else its step x BATCH_CAP_STEPS; never above BATCH_CAP_MAX.
+# Without it, a client with no credential burned a whole 32-bit key in 215 requests.
+BATCH_CAP_STEPS = 100
+BATCH_CAP_MAX = 10_000_000
+
 KEY_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 KEY_NAME_RULE = "1 to 128 characters from A-Z a-z 0-9 . _ : -, starting with a letter or a digit"
 
@@ -77,6 +83,14 @@ class Key:
     last_id: int
     description: str = ""
     updated_at: datetime | None = None
+    #: The most ids one request may take over HTTP; 0: the default rule (see batch_cap).
+    max_batch: int = 0
+
+    @property
+    def batch_cap(self) -> int:
+        """The most ids one request may take over HTTP: `max_batch`, or by default the step
+        x 100, at most 10,000,000."""
+        return self.max_batch or min(self.step * BATCH_CAP_STEPS, BATCH_CAP_MAX)
 
     @property
     def remaining(self) -> int:
@@ -105,7 +119,23 @@ class Key:
             "bounded": self.bounded,
             "description": self.description,
             "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+            "max_batch": self.max_batch,
+            "batch_cap": self.batch_cap,
         }
+
+
+def check_max_batch(max_batch: int) -> int:
+    """Return `max_batch` if it is an int in [0, BATCH_CAP_MAX] (0: the default rule)."""
+    if (
+        isinstance(max_batch, bool)
+        or not isinstance(max_batch, int)
+        or not 0 <= max_batch <= BATCH_CAP_MAX
+    ):
+        raise InvalidArgument(
+            f"max_batch must be an integer from 0 (the default: the step x {BATCH_CAP_STEPS}) "
+            f"to {BATCH_CAP_MAX}, not {max_batch!r}"
+        )
+    return max_batch
 
 
 def check_key_bounds(step: int, first_id: int, last_id: int) -> None:

@@ -1,13 +1,15 @@
 """The HTTP app: one request handler with an RSGI shell (granian) and an ASGI shell (uvicorn).
 
 The id routes call the generator's non-blocking hot path on the event loop; only when nothing is
-buffered does a request wait for the store, on a thread. Store reads for admin, readiness and
-metrics always run on a thread.
+buffered does a request wait for the store, on a thread. Store work for admin, readiness and
+metrics always runs on a thread. Each kind has its own bounded pool, and every wait for the
+store has a deadline (pools.py), so a hung store holds up no route behind another.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
+import functools
 import hmac
 import ipaddress
 import json
@@ -37,21 +39,37 @@ from .._errors import (
     WorkersExhausted,
 )
 from .._minter import Minter, connect
-from ..ids import DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, check_key_name
+from ..ids import (
+    BATCH_CAP_MAX,
+    BATCH_CAP_STEPS,
+    DEFAULT_FIRST_ID,
+    DEFAULT_STEP,
+    ID_MAX,
+    Key,
+    check_key_name,
+)
 from ..layout import layout_named
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
 from .metrics import RATE_WINDOW, Counters, KeySnapshot, RateMeter, render_prometheus
 from .openapi import openapi_document
+from .pools import Pool, PoolTimeout
 
 log = logging.getLogger("idmint.server")
 
 MAX_IDS = 100_000
-MAX_RANGE = 10_000_000
+MAX_RANGE = BATCH_CAP_MAX
 MAX_BODY = 64 * 1024
 NEGATIVE_CACHE_SECONDS = 1.0
 MAX_WARM_KEYS = 1000  # each generator has a refiller thread
+# Threads, and jobs queued or running, per pool (see pools.py): the id routes' slow path
+# (waiting for a range, unknown keys, whole ranges, the snowflake generator), key admin, and
+# the probes (readiness, metrics, stats).
+ID_THREADS, ID_SLOTS = 16, 64
+ADMIN_THREADS, ADMIN_SLOTS = 4, 16
+PROBE_THREADS, PROBE_SLOTS = 4, 16
+CLOSE_SHARE = 0.6  # of the shutdown timeout, for giving unused ids back
 
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
@@ -59,6 +77,15 @@ HTML = "text/html; charset=utf-8"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 _HOT_HEADERS = [("content-type", TEXT)]
 _HOT_PREFIX = "/api/segment/get/"
+LEAF_ROUTE = _HOT_PREFIX + "{key}"
+IDS_ROUTE = "/v1/keys/{key}/ids"
+RANGES_ROUTE = "/v1/keys/{key}/ranges"
+SNOWFLAKE_ROUTE = "/api/snowflake/get/{key}"
+SNOWFLAKE_IDS_ROUTE = "/v1/snowflake/ids"
+# Who may call a route: anyone, holders of the client token (when one is set), the admin.
+OPEN, IDS, ADMIN = "open", "ids", "admin"
+BATCH_CAP_HEADER = "idmint-batch-cap"
+KEY_REFRESH = 5.0  # seconds between reads of every key's row (its batch cap) from the store
 _NUMBER = re.compile(r"[0-9]{1,19}")
 
 STATUS_OF: list[tuple[type[IdmintError], int]] = [
@@ -96,6 +123,8 @@ class Request:
     authorization: str | None
     client: str
     body: bytes
+    #: The body was over MAX_BODY: the shell stopped reading it (and `body` is empty).
+    oversized: bool = False
 
     def param(self, name: str, default: int, maximum: int) -> int:
         """An integer query parameter in [1, maximum]; anything else is a 400."""
@@ -118,6 +147,73 @@ class Request:
 
 
 Handler = Callable[[Request, str | None], Awaitable[Response]]
+
+
+_CLOSE = (("connection", "close"),)
+
+
+async def _read_body(length: str | None, proto: Any) -> bytes | None:
+    """The request body as granian streams it, or None as soon as it is over MAX_BODY: the
+    rest is never read (reading the whole body first let a 1 GiB POST take a worker to
+    2.7 GB before its size was checked)."""
+    if length is not None and length.strip().isdigit() and int(length) > MAX_BODY:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in proto:
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _check_cap(row: Key, asked: int, what: str) -> None:
+    """Refuse a request for more ids than the key's batch cap, naming the cap (also in a
+    header, for clients that size their requests by it)."""
+    if asked <= row.batch_cap:
+        return
+    rule = (
+        "set by an admin"
+        if row.max_batch
+        else f"the default: the key's step x {BATCH_CAP_STEPS}, at most {BATCH_CAP_MAX}"
+    )
+    raise HttpError(
+        400,
+        f"{what} {asked} is over key {row.name!r}'s cap of {row.batch_cap} ids per request "
+        f"({rule}); ask for fewer, or have an admin change max_batch "
+        f"(PATCH /v1/keys/{row.name})",
+        ((BATCH_CAP_HEADER, str(row.batch_cap)),),
+    )
+
+
+def _bearer_in(authorization: str | None, accepted: tuple[str, ...]) -> bool:
+    """Whether the header is exactly one of the `accepted` ones (the hot path's check)."""
+    if authorization is None:
+        return False
+    given = authorization.encode("utf-8", "backslashreplace")
+    found = False
+    for header in accepted:  # every one compared, in constant time
+        found |= hmac.compare_digest(given, header.encode("utf-8"))
+    return found
+
+
+def _bearer_is(authorization: str | None, token: str) -> bool:
+    """Whether an Authorization header carries `token` as a bearer token. Compared as bytes:
+    compare_digest refuses str with non-ASCII characters (a TypeError: a 500 on every request),
+    and the ASGI shell hands over header bytes as latin-1 text."""
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given = value.strip().encode("utf-8", "backslashreplace")
+    return hmac.compare_digest(given, token.encode("utf-8"))
+
+
+def _is_loopback(client: str) -> bool:
+    try:
+        return ipaddress.ip_address(client).is_loopback
+    except ValueError:
+        return False
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -146,30 +242,52 @@ class App:
         self.started = time.time()
         self.shutting_down = False
         self.counters = Counters()
+        # Every id route from the start, so a request adds to an entry that is there; the hot
+        # path counts its ids apart (hot_handed), added to Leaf's route when metrics are read.
+        for route in (LEAF_ROUTE, IDS_ROUTE, RANGES_ROUTE, SNOWFLAKE_ROUTE, SNOWFLAKE_IDS_ROUTE):
+            self.counters.handed[route] = 0
+        self.hot_handed = 0
         self._gens: dict[str, SegmentGenerator] = {}
         self._missing: dict[str, float] = {}
         self._rates: dict[str, RateMeter] = {}
         self._stopped = threading.Event()
         self._dashboard: str | None = None
         self._flake: SnowflakeGenerator | None = None
-        self._flake_lock = asyncio.Lock()
-        self._routes: dict[str, dict[str, tuple[Handler, bool]]] = {
-            "/": {"GET": (self.dashboard, False)},
-            "/livez": {"GET": (self.livez, False)},
-            "/readyz": {"GET": (self.readyz, False)},
-            "/metrics": {"GET": (self.metrics, False)},
-            "/openapi.json": {"GET": (self.openapi, False)},
-            "/v1/stats": {"GET": (self.stats, False)},
-            "/v1/keys": {"GET": (self.list_keys, True), "POST": (self.add_key, True)},
-            "/api/segment/get/{key}": {"GET": (self.leaf_get, False)},
-            "/v1/keys/{key}": {"GET": (self.show_key, True)},
-            "/v1/keys/{key}/ids": {"GET": (self.ids, False)},
-            "/v1/keys/{key}/ranges": {"POST": (self.ranges, False)},
-            "/v1/keys/{key}/raise": {"POST": (self.raise_key, True)},
-            "/api/snowflake/get/{key}": {"GET": (self.snowflake_get, False)},
-            "/v1/snowflake/ids": {"GET": (self.snowflake_ids, False)},
-            "/decodeSnowflakeId": {"GET": (self.leaf_decode, False)},
-            "/v1/snowflake/decode/{key}": {"GET": (self.snowflake_decode, False)},
+        self._flake_lock = threading.Lock()
+        self.pools = {
+            "id": Pool("id", ID_THREADS, ID_SLOTS),
+            "admin": Pool("admin", ADMIN_THREADS, ADMIN_SLOTS),
+            "probe": Pool("probe", PROBE_THREADS, PROBE_SLOTS),
+        }
+        # How long a request waits for the store: a store call, or a range on top of it.
+        self._store_deadline = self.config.timeout
+        self._id_deadline = self.config.timeout + self.config.wait
+        # Bearer headers the hot path accepts as they are (any other form of a good token
+        # takes the full path, which parses the header): none, and the id routes are open,
+        # unless a client token is set (the admin token alone guards admin only).
+        self._id_bearers = (
+            tuple(f"Bearer {t}" for t in (self.config.client_token, self.config.token) if t)
+            if self.config.client_token
+            else ()
+        )
+        self._key_rows: dict[str, Key] = {}  # each key's row as last read: its batch cap
+        self._routes: dict[str, dict[str, tuple[Handler, str]]] = {
+            "/": {"GET": (self.dashboard, OPEN)},
+            "/livez": {"GET": (self.livez, OPEN)},
+            "/readyz": {"GET": (self.readyz, OPEN)},
+            "/metrics": {"GET": (self.metrics, OPEN)},
+            "/openapi.json": {"GET": (self.openapi, OPEN)},
+            "/v1/stats": {"GET": (self.stats, OPEN)},
+            "/v1/keys": {"GET": (self.list_keys, ADMIN), "POST": (self.add_key, ADMIN)},
+            LEAF_ROUTE: {"GET": (self.leaf_get, IDS)},
+            "/v1/keys/{key}": {"GET": (self.show_key, ADMIN), "PATCH": (self.update_key, ADMIN)},
+            IDS_ROUTE: {"GET": (self.ids, IDS)},
+            RANGES_ROUTE: {"POST": (self.ranges, IDS)},
+            "/v1/keys/{key}/raise": {"POST": (self.raise_key, ADMIN)},
+            SNOWFLAKE_ROUTE: {"GET": (self.snowflake_get, IDS)},
+            SNOWFLAKE_IDS_ROUTE: {"GET": (self.snowflake_ids, IDS)},
+            "/decodeSnowflakeId": {"GET": (self.leaf_decode, OPEN)},
+            "/v1/snowflake/decode/{key}": {"GET": (self.snowflake_decode, OPEN)},
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -187,6 +305,7 @@ class App:
         log.info("idmint %s serving %s (pid %d)", __version__, self.minter.url, os.getpid())
         threading.Thread(target=self._warm_up, name="idmint-warm-up", daemon=True).start()
         threading.Thread(target=self._sample_rates, name="idmint-rates", daemon=True).start()
+        threading.Thread(target=self._refresh_rows, name="idmint-keys", daemon=True).start()
 
     def _warm_up(self) -> None:
         """Start every key's generator, as Leaf loads every tag at start, so the first requests
@@ -196,6 +315,7 @@ class App:
         except IdmintError as exc:
             log.warning("cannot list keys to warm up (they warm up on first use): %s", exc)
             return
+        self._keep_rows(keys)
         for key in keys[:MAX_WARM_KEYS]:
             if self.shutting_down:
                 return
@@ -210,13 +330,19 @@ class App:
                 self._rates.setdefault(name, RateMeter()).update(gen.stats().issued, now)
 
     def shutdown(self) -> None:
-        """Stop being ready and give every unused tail back to the store."""
+        """Stop being ready and give every unused tail back to the store, within a share of
+        the shutdown timeout whatever the store does (granian kills a worker that overruns
+        the whole of it)."""
         self.shutting_down = True
         self._stopped.set()
+        for pool in self.pools.values():
+            pool.close()
         if self._minter is None:
             return
         generators = self._minter.generators()
-        self._minter.close()
+        # The rest of the timeout is for in-flight requests (bounded by their deadlines) and
+        # the process's exit. Minter.close logs what it could not give back in time.
+        self._minter.close(timeout=self.config.shutdown_timeout * CLOSE_SHARE)
         returned = sum(gen.stats().given_back for gen in generators)
         log.info("stopped; %d unused ids given back to the store", returned)
 
@@ -233,20 +359,30 @@ class App:
         if scope.method == "GET" and path.startswith(_HOT_PREFIX):
             # Leaf's route without the router: the generator's lock-free hot path, right here.
             gen = self._gens.get(path[len(_HOT_PREFIX) :])
-            if gen is not None:
+            if gen is not None and (
+                not self._id_bearers
+                or _bearer_in(scope.headers.get("authorization"), self._id_bearers)
+            ):
                 try:
                     i = gen.try_next_id()
                 except IdmintError:
                     i = None  # the full path below answers with the right status
                 if i is not None:
+                    self.hot_handed += 1  # a plain attribute: the cheapest count there is
                     proto.response_str(200, _HOT_HEADERS, str(i))
                     return
-        body = b""
+        body: bytes | None = b""
         if scope.method in ("POST", "PUT", "PATCH"):
-            body = await proto()
+            body = await _read_body(scope.headers.get("content-length"), proto)
         client = scope.client.rsplit(":", 1)[0].strip("[]") if scope.client else ""
         request = Request(
-            scope.method, path, scope.query_string, scope.headers.get("authorization"), client, body
+            scope.method,
+            path,
+            scope.query_string,
+            scope.headers.get("authorization"),
+            client,
+            body or b"",
+            oversized=body is None,
         )
         response = await self.handle(request)
         headers = [("content-type", response.content_type), *response.headers]
@@ -274,7 +410,7 @@ class App:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > MAX_BODY:
-                break
+                break  # stop reading: the rest is never buffered
         headers = dict(scope.get("headers") or [])
         auth = headers.get(b"authorization")
         client = (scope.get("client") or ("", 0))[0]
@@ -284,7 +420,8 @@ class App:
             scope.get("query_string", b"").decode(),
             auth.decode("latin-1") if auth else None,
             client,
-            body,
+            b"" if len(body) > MAX_BODY else body,
+            oversized=len(body) > MAX_BODY,
         )
         response = await self.handle(request)
         raw = [(b"content-type", response.content_type.encode())]
@@ -322,17 +459,23 @@ class App:
                     f"{request.method} not allowed on {pattern}; use {allow}",
                     (("allow", allow),),
                 )
-            if len(request.body) > MAX_BODY:
-                raise HttpError(413, f"the body is over {MAX_BODY} bytes")
-            handler, admin = methods[request.method]
-            if admin:
+            if request.oversized or len(request.body) > MAX_BODY:
+                # Close: the rest of the body was never read, and is not worth draining.
+                raise HttpError(413, f"the body is over {MAX_BODY} bytes", _CLOSE)
+            handler, access = methods[request.method]
+            if access == ADMIN:
                 self._authorize(request)
+            elif access == IDS and self._id_bearers:
+                self._authorize_ids(request)
             if key is not None:
                 check_key_name(key)
             return await handler(request, key)
         except HttpError as exc:
             self.counters.error(pattern or "unknown", exc.status)
             return Response(exc.status, exc.reason + "\n", headers=exc.headers)
+        except PoolTimeout as exc:
+            self.counters.error(pattern, 503)
+            return Response(503, f"{exc}\n", headers=PoolTimeout.headers)
         except IdmintError as exc:
             status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 500)
             self.counters.error(pattern, status)
@@ -343,43 +486,83 @@ class App:
             return Response(500, "internal error; see the server log\n")
 
     def _authorize(self, request: Request) -> None:
+        """Admin needs the admin token; without it, only a loopback client of a server started
+        with --admin-loopback (behind a reverse proxy on the same host every client is
+        loopback, so that is never the default)."""
         token = self.config.token
-        if token:
-            given = request.authorization or ""
-            scheme, _, value = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
-                raise HttpError(
-                    401,
-                    "this route needs the bearer token (Authorization: Bearer ...)",
-                    (("www-authenticate", 'Bearer realm="idmint"'),),
-                )
+        if token and _bearer_is(request.authorization, token):
             return
-        try:
-            loopback = ipaddress.ip_address(request.client).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
+        if self.config.admin_loopback and _is_loopback(request.client):
+            return
+        if token:
+            raise HttpError(
+                401,
+                "this route needs the admin token (Authorization: Bearer ...)",
+                (("www-authenticate", 'Bearer realm="idmint"'),),
+            )
+        if self.config.admin_loopback:
             raise HttpError(
                 403,
-                "key admin answers only on loopback when no token is configured (set IDMINT_TOKEN)",
+                "key admin answers only to loopback clients (--admin-loopback) when no admin "
+                "token is configured (IDMINT_TOKEN)",
             )
+        raise HttpError(
+            403,
+            "key admin over HTTP needs an admin token (--token, IDMINT_TOKEN), or "
+            "--admin-loopback for loopback clients; the idmint keys command works on the store",
+        )
 
-    async def _generator(self, key: str) -> SegmentGenerator:
-        """The key's generator; made only for keys that exist, so a flood of made-up names
-        costs one store read per name per second and no threads."""
-        gen = self._gens.get(key)
-        if gen is not None:
-            return gen
+    def _authorize_ids(self, request: Request) -> None:
+        """With a client token set, the routes that hand out ids need it (or the admin
+        token): without a credential, anyone could burn a key's ids for good."""
+        for token in (self.config.client_token, self.config.token):
+            if token and _bearer_is(request.authorization, token):
+                return
+        raise HttpError(
+            401,
+            "this route needs the client token (Authorization: Bearer ...)",
+            (("www-authenticate", 'Bearer realm="idmint"'),),
+        )
+
+    async def _key_row(self, key: str) -> Key:
+        """The key's row as last read (the refresher reads every row each KEY_REFRESH
+        seconds), or read now the first time; so a flood of made-up names costs one store
+        read per name per second (KeyNotFound is remembered that long) and no threads."""
+        row = self._key_rows.get(key)
+        if row is not None:
+            return row
         now = time.monotonic()
         if self._missing.get(key, 0.0) > now:
             raise KeyNotFound(key)
         try:
-            await asyncio.to_thread(self.minter.key, key)
+            row = await self.pools["id"].run(self._store_deadline, self.minter.key, key)
         except KeyNotFound:
             if len(self._missing) > 10_000:
                 self._missing.clear()
             self._missing[key] = now + NEGATIVE_CACHE_SECONDS
             raise
+        self._key_rows[key] = row
+        return row
+
+    def _keep_rows(self, keys: list[Key]) -> list[Key]:
+        self._key_rows.update((k.name, k) for k in keys)
+        return keys
+
+    def _refresh_rows(self) -> None:
+        """Read every key's row every KEY_REFRESH seconds, so a batch cap an admin changed on
+        any server applies here too within that time, without a store read per request."""
+        while not self._stopped.wait(KEY_REFRESH):
+            try:
+                self._keep_rows(self.minter.keys())
+            except IdmintError as exc:
+                log.debug("cannot refresh the keys' rows: %s", exc)
+
+    async def _generator(self, key: str) -> SegmentGenerator:
+        """The key's generator; made only for keys that exist."""
+        gen = self._gens.get(key)
+        if gen is not None:
+            return gen
+        await self._key_row(key)
         gen = self._gens.get(key) or self.minter.segment(key)
         self._gens[key] = gen
         return gen
@@ -391,35 +574,50 @@ class App:
         gen = await self._generator(key)
         i = gen.try_next_id()
         if i is None:
-            i = await asyncio.to_thread(gen.next_id)
+            i = await self.pools["id"].run(self._id_deadline, gen.next_id)
+        self.counters.handed[LEAF_ROUTE] += 1
         return Response(200, str(i))
 
     async def ids(self, request: Request, key: str | None) -> Response:
         assert key is not None
         count = request.param("count", 1, MAX_IDS)
+        if count > 1:
+            _check_cap(await self._key_row(key), count, "count")
         gen = await self._generator(key)
         ids = gen.try_next_ids(count)
         if len(ids) < count:
             try:
-                ids += await asyncio.to_thread(gen.next_ids, count - len(ids))
-            except IdmintError:
+                ids += await self.pools["id"].run(self._id_deadline, gen.next_ids, count - len(ids))
+            except (IdmintError, PoolTimeout):
                 if not ids:
                     raise
                 # Fewer ids than asked, rather than losing the ones already drawn.
+        self.counters.handed[IDS_ROUTE] += len(ids)
         return _json({"key": key, "ids": ids})
 
     async def ranges(self, request: Request, key: str | None) -> Response:
         assert key is not None
         size = request.param("size", 0, MAX_RANGE) or None  # absent: the key's own step
-        taken = await asyncio.to_thread(self.minter.store.allocate, key, size)
+        row = await self._key_row(key)
+        if size is not None:
+            _check_cap(row, size, "size")
+        elif row.step > row.batch_cap:
+            size = row.batch_cap  # a cap below the step bounds the default size too
+        # A range the store commits after the deadline is dropped: skipped, never served.
+        taken = await self.pools["id"].run(
+            self._store_deadline, self.minter.store.allocate, key, size
+        )
+        self._key_rows[key] = taken.key
         handed = self.counters.ranges_handed
         handed[key] = handed.get(key, 0) + len(taken.range)
+        self.counters.handed[RANGES_ROUTE] += len(taken.range)
         return _json(
             {
                 "key": key,
                 "start": taken.range.start,
                 "stop": taken.range.stop,
                 "step": taken.key.step,
+                "batch_cap": taken.key.batch_cap,
             }
         )
 
@@ -428,29 +626,52 @@ class App:
     async def _snowflake(self) -> SnowflakeGenerator:
         """The server's snowflake generator, made on first use: leasing a worker id and the
         first tick (which may wait out a previous holder's horizon) run on a thread."""
-        if self._flake is None:
-            async with self._flake_lock:
-                if self._flake is None:
-                    options = SnowflakeOptions(namespace=self.config.snowflake_namespace)
-
-                    def make() -> SnowflakeGenerator:
+        flake = self._flake
+        if flake is None:
+            # Made and kept on the thread, under a thread lock: when the request's deadline
+            # passes first, the next request finds the generator, not a second worker id.
+            def make() -> SnowflakeGenerator:
+                with self._flake_lock:
+                    if self._flake is None:
+                        options = SnowflakeOptions(namespace=self.config.snowflake_namespace)
                         gen = self.minter.snowflake(self.config.snowflake_layout, options)
                         gen.next_id()  # the first tick, off the event loop
-                        return gen
+                        self._flake = gen
+                    return self._flake
 
-                    self._flake = await asyncio.to_thread(make)
-        return self._flake
+            # Its first tick may wait out a previous holder's horizon, or a young store's
+            # quarantine: up to a lease's ttl on top of the store's answer.
+            deadline = self._id_deadline + SnowflakeOptions().ttl
+            try:
+                flake = await self.pools["id"].run(deadline, make)
+            except PoolTimeout as exc:
+                raise HttpError(
+                    503,
+                    f"the snowflake generator is not ready ({exc}): taking a worker id, or "
+                    "waiting out its previous holder's horizon; try again shortly",
+                    PoolTimeout.headers,
+                ) from exc
+        return flake
 
     async def snowflake_get(self, request: Request, key: str | None) -> Response:
         # Leaf's route takes a key and ignores it: one id space per server. We check the name.
         gen = await self._snowflake()
-        return Response(200, str(gen.next_id()))
+        i = gen.next_id()
+        self.counters.handed[SNOWFLAKE_ROUTE] += 1
+        return Response(200, str(i))
 
     async def snowflake_ids(self, request: Request, key: str | None) -> Response:
         count = request.param("count", 1, MAX_IDS)
         gen = await self._snowflake()
         # A large batch spans ticks and waits for them: on a thread.
-        ids = gen.next_ids(count) if count <= 256 else await asyncio.to_thread(gen.next_ids, count)
+        ids = (
+            gen.next_ids(count)
+            if count <= 256
+            else await self.pools["id"].run(self._id_deadline, gen.next_ids, count)
+        )
+        # No per-key cap here: a snowflake generator cannot run ahead of the clock, so a large
+        # batch costs time (up to 100,000 ids, 25 ms of a twitter layout's ids), not ids.
+        self.counters.handed[SNOWFLAKE_IDS_ROUTE] += len(ids)
         return _json({"ids": ids})
 
     def _decode(self, text: str) -> dict[str, Any]:
@@ -480,16 +701,33 @@ class App:
     # -- key admin ---------------------------------------------------------------------------
 
     async def list_keys(self, request: Request, key: str | None) -> Response:
-        keys = await asyncio.to_thread(self.minter.keys)
-        return _json({"keys": [k.as_dict() for k in keys]})
+        keys = await self.pools["admin"].run(self._store_deadline, self.minter.keys)
+        return _json({"keys": [k.as_dict() for k in self._keep_rows(keys)]})
 
     async def show_key(self, request: Request, key: str | None) -> Response:
         assert key is not None
-        return _json((await asyncio.to_thread(self.minter.key, key)).as_dict())
+        shown = await self.pools["admin"].run(self._store_deadline, self.minter.key, key)
+        self._key_rows[key] = shown
+        return _json(shown.as_dict())
+
+    async def update_key(self, request: Request, key: str | None) -> Response:
+        assert key is not None
+        data = request.json()
+        if set(data) != {"max_batch"}:
+            raise HttpError(400, 'the body must be {"max_batch": N} (0: the default cap)')
+        updated = await self.pools["admin"].run(
+            self._store_deadline,
+            self.minter.set_max_batch,
+            key,
+            _int_field(data, "max_batch", 0),
+        )
+        self._key_rows[key] = updated
+        return _json(updated.as_dict())
 
     async def add_key(self, request: Request, key: str | None) -> Response:
         data = request.json()
-        unknown = sorted(set(data) - {"name", "step", "start", "max", "description"})
+        fields = {"name", "step", "start", "max", "description", "max_batch"}
+        unknown = sorted(set(data) - fields)
         if unknown:
             raise HttpError(400, f"unknown fields: {', '.join(unknown)}")
         name = data.get("name")
@@ -498,15 +736,21 @@ class App:
         description = data.get("description", "")
         if not isinstance(description, str):
             raise HttpError(400, "description must be a string")
-        created = await asyncio.to_thread(
-            self.minter.add_key,
-            check_key_name(name),
-            step=_int_field(data, "step", DEFAULT_STEP),
-            start=_int_field(data, "start", DEFAULT_FIRST_ID),
-            max=_int_field(data, "max", ID_MAX),
-            description=description,
+        # Past the deadline the key may still be created: a retry then answers 409.
+        created = await self.pools["admin"].run(
+            self._store_deadline,
+            functools.partial(
+                self.minter.add_key,
+                check_key_name(name),
+                step=_int_field(data, "step", DEFAULT_STEP),
+                start=_int_field(data, "start", DEFAULT_FIRST_ID),
+                max=_int_field(data, "max", ID_MAX),
+                description=description,
+                max_batch=_int_field(data, "max_batch", 0),
+            ),
         )
         self._missing.pop(name, None)
+        self._key_rows[name] = created
         return _json(created.as_dict(), 201)
 
     async def raise_key(self, request: Request, key: str | None) -> Response:
@@ -515,7 +759,11 @@ class App:
         if set(data) != {"to"}:
             raise HttpError(400, 'the body must be {"to": N}')
         to = _int_field(data, "to", 0)
-        return _json((await asyncio.to_thread(self.minter.raise_floor, key, to)).as_dict())
+        raised = await self.pools["admin"].run(
+            self._store_deadline, self.minter.raise_floor, key, to
+        )
+        self._key_rows[key] = raised
+        return _json(raised.as_dict())
 
     # -- operations --------------------------------------------------------------------------
 
@@ -526,8 +774,8 @@ class App:
         if self.shutting_down:
             return Response(503, "shutting down\n")
         try:
-            await asyncio.wait_for(asyncio.to_thread(self.minter.keys), self.config.timeout)
-        except (IdmintError, TimeoutError) as exc:
+            self._keep_rows(await self.pools["probe"].run(self._store_deadline, self.minter.keys))
+        except (IdmintError, PoolTimeout) as exc:
             return Response(503, f"store not reachable: {' '.join(str(exc).split())}\n")
         # Cold: still loading its first range, or its refills failing with nothing buffered.
         # An exhausted key ends its refills, and is no reason to take the server out.
@@ -541,7 +789,9 @@ class App:
         return Response(200, "ready\n")
 
     async def _snapshots(self) -> list[KeySnapshot]:
-        keys = await asyncio.to_thread(self.minter.keys)
+        keys = self._keep_rows(
+            await self.pools["probe"].run(self._store_deadline, self.minter.keys)
+        )
         out = []
         for k in keys:
             gen = self._gens.get(k.name)
@@ -561,11 +811,13 @@ class App:
         }
 
     async def metrics(self, request: Request, key: str | None) -> Response:
+        handed = dict(self.counters.handed)
+        handed[LEAF_ROUTE] += self.hot_handed
         return Response(
             200,
             render_prometheus(
                 await self._snapshots(),
-                self.counters,
+                dataclasses.replace(self.counters, handed=handed),
                 self._info(),
                 self._flake.stats() if self._flake is not None else None,
             ),

@@ -27,20 +27,44 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
-    #: Bearer token for the key admin routes; empty: admin answers on loopback only.
+    #: Bearer token for the key admin routes; without one, admin over HTTP is refused.
     token: str = ""
+    #: Bearer token for the routes that hand out ids (the admin token works there too); empty:
+    #: those routes are open.
+    client_token: str = ""
+    #: Admin without the token from loopback clients. Behind a reverse proxy on the same host
+    #: every client is loopback, so this is an explicit opt-in, never a default.
+    admin_loopback: bool = False
     timeout: float = DEFAULT_TIMEOUT
     #: How long a request waits for a range when nothing is buffered (seconds).
     wait: float = 1.0
     max_step: int = 1_000_000
     preload_at: float = 0.1
-    #: HTTP versions granian speaks: "auto" (1.1 and 2), "1" or "2".
-    http: str = "auto"
+    #: Seconds from SIGTERM until the process has exited, whatever the store does: in-flight
+    #: requests finish, unused ids go back to the store if it answers in time.
+    shutdown_timeout: float = 10.0
+    #: Share the port with other processes (SO_REUSEPORT); off: refuse a port already served.
+    reuse_port: bool = False
+    #: HTTP versions granian speaks: "1" (1.1), "auto" (1.1 and 2) or "2". HTTP/1.1 is the
+    #: default because only there does granian time out a connection that sends nothing
+    #: (header_timeout); in auto mode it waits for the first bytes without a bound.
+    http: str = "1"
+    #: Connections each worker holds at once (granian's backpressure); more wait in the backlog.
+    max_connections: int = 4096
+    #: Connections the kernel queues before a worker takes them.
+    backlog: int = 1024
+    #: Seconds a connection has to send a request's headers, including the wait for the first
+    #: byte and the idle time of a kept-alive connection between requests (HTTP/1.1).
+    header_timeout: float = 10.0
+    #: HTTP/1.1 keep-alive; each kept connection still closes after header_timeout idle.
+    keep_alive: bool = True
     #: The snowflake routes' layout and worker-id namespace.
     snowflake_layout: str = "twitter"
     snowflake_namespace: str = "default"
 
     def __post_init__(self) -> None:
+        for name in ("token", "client_token"):
+            _check_token(name, getattr(self, name))
         layout_named(self.snowflake_layout)  # raises InvalidArgument naming the presets
         check_key_name(self.snowflake_namespace)
         if self.http not in ("auto", "1", "2"):
@@ -49,6 +73,20 @@ class ServerConfig:
             raise InvalidArgument(f"port must be from 1 to 65535, not {self.port}")
         if not 1 <= self.workers <= 256:
             raise InvalidArgument(f"workers must be from 1 to 256, not {self.workers}")
+        if not 1 <= self.max_connections <= 1_000_000:
+            raise InvalidArgument(
+                f"max_connections must be from 1 to 1000000, not {self.max_connections}"
+            )
+        if not 128 <= self.backlog <= 65535:
+            raise InvalidArgument(f"backlog must be from 128 to 65535, not {self.backlog}")
+        if not 1 <= self.shutdown_timeout <= 3600:
+            raise InvalidArgument(
+                f"shutdown_timeout must be from 1 to 3600 seconds, not {self.shutdown_timeout:g}"
+            )
+        if not 0.1 <= self.header_timeout <= 60:
+            raise InvalidArgument(
+                f"header_timeout must be from 0.1 to 60 seconds, not {self.header_timeout:g}"
+            )
 
     def to_env(self) -> dict[str, str]:
         return {ENV_PREFIX + k.upper(): str(v) for k, v in asdict(self).items()}
@@ -62,7 +100,7 @@ class ServerConfig:
                 continue
             kind = type(getattr(cls, f.name))
             try:
-                kwargs[f.name] = kind(values[f.name])
+                kwargs[f.name] = _flag(values[f.name]) if kind is bool else kind(values[f.name])
             except (TypeError, ValueError) as exc:
                 raise InvalidArgument(f"bad value for {f.name}: {values[f.name]!r}") from exc
         return cls(**kwargs)
@@ -76,6 +114,29 @@ class ServerConfig:
             if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in names
         }
         return cls.from_mapping(values)
+
+
+def _flag(value: Any) -> bool:
+    """A boolean from TOML (true/false) or the environment ("1", "true", "yes", "on", ...):
+    bool("false") would be True."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(value)
+
+
+def _check_token(name: str, token: str) -> None:
+    # A bearer token travels in a header, and granian drops a header whose value is not
+    # ASCII: a token with other characters could never be presented.
+    if token and not (token.isascii() and token.isprintable() and token == token.strip()):
+        raise InvalidArgument(
+            f"{name} must be printable ASCII without leading or trailing spaces "
+            "(clients send it in an HTTP header)"
+        )
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

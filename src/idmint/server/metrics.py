@@ -86,10 +86,13 @@ def _range(r: Any) -> dict[str, int] | None:
 
 @dataclass
 class Counters:
-    """Request outcomes the hot path does not see: errors by status, handed ranges."""
+    """Request outcomes: errors by status, ranges handed per key, ids handed per route."""
 
     errors: dict[tuple[str, int], int] = field(default_factory=dict)
     ranges_handed: dict[str, int] = field(default_factory=dict)
+    #: Ids handed out per route (the route's pattern): one int add per request, no lock (the
+    #: event loop is the only writer).
+    handed: dict[str, int] = field(default_factory=dict)
 
     def error(self, route: str, status: int) -> None:
         self.errors[route, status] = self.errors.get((route, status), 0) + 1
@@ -203,6 +206,12 @@ def render_prometheus(
         "gauge",
         "Seconds until a bounded key runs out at this process's current rate.",
         [(k(s), s.runway_s) for s in snapshots if s.runway_s is not None],
+    )
+    metric(
+        "idmint_ids_handed_total",
+        "counter",
+        "Ids handed out by this process over HTTP, per route (a range counts all its ids).",
+        [({"route": route}, n) for route, n in sorted(counters.handed.items())],
     )
     metric(
         "idmint_http_errors_total",

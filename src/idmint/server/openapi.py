@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ids import ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
+from ..ids import BATCH_CAP_MAX, ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
 
 TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
@@ -14,12 +14,22 @@ def _error(description: str) -> dict[str, Any]:
 
 
 E400 = _error("Bad input: a key name, a count, a body")
+E400_CAP = _error(
+    "Bad input: a key name, a count or size, or more ids than the key's batch cap (its "
+    "max_batch, also in the idmint-batch-cap header)"
+)
 E401 = _error("The bearer token is missing or wrong (when a token is configured)")
-E403 = _error("Admin from a non-loopback client while no token is configured")
+E401_IDS = _error("The client token is missing or wrong (when one is configured)")
+E403 = _error(
+    "Admin while no admin token is configured (loopback clients may with --admin-loopback)"
+)
 E404 = _error("Unknown key")
 E409 = _error("The key already exists")
 E410 = _error("The key is exhausted: every id up to its maximum is used")
-E503 = _error("The store is unreachable and no ids are buffered, or the server is stopping")
+E503 = _error(
+    "The store is unreachable or did not answer in time and no ids are buffered, too many "
+    "requests wait for the store already, or the server is stopping"
+)
 
 KEY_PARAM = {
     "name": "key",
@@ -42,6 +52,15 @@ KEY_SCHEMA: dict[str, Any] = {
         "bounded": {"type": "boolean"},
         "description": {"type": "string"},
         "updated_at": {"type": "string", "format": "date-time", "nullable": True},
+        "max_batch": {
+            "type": "integer",
+            "description": "the most ids one request may take, as set; 0: the default rule",
+        },
+        "batch_cap": {
+            "type": "integer",
+            "description": "the most ids one request may take: max_batch, or the step x 100, "
+            f"at most {BATCH_CAP_MAX}",
+        },
     },
 }
 
@@ -55,6 +74,14 @@ def _text(description: str) -> dict[str, Any]:
 
 
 ADMIN: dict[str, Any] = {"security": [{"bearer": []}, {}]}
+IDS: dict[str, Any] = {"security": [{"bearer": []}, {}]}  # the client token, when one is set
+MAX_BATCH = {
+    "type": "integer",
+    "minimum": 0,
+    "maximum": BATCH_CAP_MAX,
+    "description": "the most ids one request may take from the key; 0: its step x 100, "
+    f"at most {BATCH_CAP_MAX}",
+}
 
 
 def openapi_document(version: str) -> dict[str, Any]:
@@ -62,14 +89,16 @@ def openapi_document(version: str) -> dict[str, Any]:
         "name": "count",
         "in": "query",
         "required": False,
-        "description": "How many ids, 1 to 100000 (default 1)",
+        "description": "How many ids, 1 to 100000 (default 1), at most the key's batch cap",
         "schema": {"type": "integer", "minimum": 1, "maximum": 100_000, "default": 1},
     }
+    flake_count = {**count, "description": "How many ids, 1 to 100000 (default 1)"}
     size = {
         "name": "size",
         "in": "query",
         "required": False,
-        "description": "How many ids in the range, 1 to 10000000 (default: the key's step)",
+        "description": "How many ids in the range, 1 to 10000000 and at most the key's batch "
+        "cap (default: the key's step, or the cap when that is smaller)",
         "schema": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
     }
     ids = {
@@ -88,6 +117,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "start": {"type": "integer", "description": "the first id of the range"},
             "stop": {"type": "integer", "description": "one past the last id"},
             "step": {"type": "integer", "description": "the key's step"},
+            "batch_cap": {"type": "integer", "description": "the key's batch cap"},
         },
     }
     new_key = {
@@ -100,6 +130,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "start": {"type": "integer", "minimum": 0, "maximum": ID_MAX, "default": 1},
             "max": {"type": "integer", "minimum": 0, "maximum": ID_MAX, "default": ID_MAX},
             "description": {"type": "string", "maxLength": 256},
+            "max_batch": MAX_BATCH,
         },
     }
     return {
@@ -118,10 +149,12 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/api/segment/get/{key}": {
                 "get": {
                     "summary": "One id as plain decimal text (Leaf's route and body)",
+                    **IDS,
                     "parameters": [KEY_PARAM],
                     "responses": {
                         "200": _text("The id"),
                         "400": E400,
+                        "401": E401_IDS,
                         "404": E404,
                         "410": E410,
                         "503": E503,
@@ -132,10 +165,12 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "get": {
                     "summary": "A batch of ids (fewer than asked only when the key ran out or "
                     "the store failed midway)",
+                    **IDS,
                     "parameters": [KEY_PARAM, count],
                     "responses": {
                         "200": _json(ids),
-                        "400": E400,
+                        "400": E400_CAP,
+                        "401": E401_IDS,
                         "404": E404,
                         "410": E410,
                         "503": E503,
@@ -145,10 +180,12 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/keys/{key}/ranges": {
                 "post": {
                     "summary": "Take a whole range for serving ids locally (clients use this)",
+                    **IDS,
                     "parameters": [KEY_PARAM, size],
                     "responses": {
                         "200": _json(range_),
-                        "400": E400,
+                        "400": E400_CAP,
+                        "401": E401_IDS,
                         "404": E404,
                         "410": E410,
                         "503": E503,
@@ -208,7 +245,35 @@ def openapi_document(version: str) -> dict[str, Any]:
                         "404": E404,
                         "503": E503,
                     },
-                }
+                },
+                "patch": {
+                    "summary": "Change the key's batch cap: the most ids one request may take "
+                    "(every server on the store applies it within seconds)",
+                    **ADMIN,
+                    "parameters": [KEY_PARAM],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["max_batch"],
+                                    "additionalProperties": False,
+                                    "properties": {"max_batch": MAX_BATCH},
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json({"$ref": "#/components/schemas/Key"}),
+                        "400": E400,
+                        "401": E401,
+                        "403": E403,
+                        "404": E404,
+                        "413": _error("The body is too large"),
+                        "503": E503,
+                    },
+                },
             },
             "/v1/keys/{key}/raise": {
                 "post": {
@@ -246,14 +311,21 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "get": {
                     "summary": "One snowflake id as plain text (Leaf's route; the key is "
                     "checked and otherwise ignored: one id space per server)",
+                    **IDS,
                     "parameters": [KEY_PARAM],
-                    "responses": {"200": _text("The id"), "400": E400, "503": E503},
+                    "responses": {
+                        "200": _text("The id"),
+                        "400": E400,
+                        "401": E401_IDS,
+                        "503": E503,
+                    },
                 }
             },
             "/v1/snowflake/ids": {
                 "get": {
                     "summary": "A batch of snowflake ids, increasing",
-                    "parameters": [count],
+                    **IDS,
+                    "parameters": [flake_count],
                     "responses": {
                         "200": _json(
                             {
@@ -265,6 +337,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                             }
                         ),
                         "400": E400,
+                        "401": E401_IDS,
                         "503": E503,
                     },
                 }
@@ -307,7 +380,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics of this process",
-                    "responses": {"200": _text("Prometheus text format 0.0.4")},
+                    "responses": {"200": _text("Prometheus text format 0.0.4"), "503": E503},
                 }
             },
             "/v1/stats": {

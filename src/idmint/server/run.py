@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
 import os
+import socket
 
 from .._errors import InvalidArgument
 from ..stores import open_store
@@ -11,12 +14,29 @@ from .config import ServerConfig
 
 TARGET = "idmint.server.app:create_app"
 
+log = logging.getLogger("idmint.server")
+
+
+def describe_access(config: ServerConfig) -> list[str]:
+    """What the start-up log says about who may do what over HTTP."""
+    if config.token and config.admin_loopback:
+        admin = "needs the admin token, except from loopback clients (--admin-loopback)"
+    elif config.token:
+        admin = "needs the admin token"
+    elif config.admin_loopback:
+        admin = "open to loopback clients without a token (--admin-loopback)"
+    else:
+        admin = "refused: no admin token (--token); use the idmint keys command on the store"
+    return [f"key admin over HTTP {admin}"]
+
 
 def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT; then /readyz turns 503, in-flight requests finish and unused
     tails go back to the store."""
     store = open_store(config.store, timeout=config.timeout)  # a bad URL fails here, once
     try:
+        if not config.reuse_port:
+            check_port_free(config.host, config.port)
         store.init()  # and so does an unreachable store, before any worker starts
     finally:
         store.close()
@@ -25,12 +45,40 @@ def serve(config: ServerConfig) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for line in describe_access(config):
+        log.info("%s", line)
+    if config.reuse_port:
+        log.warning(
+            "--reuse-port: other processes may serve port %d too; with another store that "
+            "would repeat ids",
+            config.port,
+        )
+    if config.admin_loopback:
+        log.warning(
+            "--admin-loopback: behind a reverse proxy on this host, every client is loopback"
+        )
+    _raise_fd_limit(config.max_connections * config.workers + 256)
     try:
         from granian import Granian
         from granian.constants import HTTPModes, Interfaces
+        from granian.http import HTTP1Settings
     except ImportError:
         _serve_uvicorn(config)
         return
+    log.info(
+        "HTTP %s; up to %d connections per worker, backlog %d; request headers within %g s%s",
+        {"1": "1.1", "2": "2", "auto": "1.1 and 2"}[config.http],
+        config.max_connections,
+        config.backlog,
+        config.header_timeout,
+        ", idle kept-alive connections close then" if config.keep_alive else ", no keep-alive",
+    )
+    if config.http != "1":
+        log.warning(
+            "--http %s: granian waits for a new connection's first bytes without a timeout; "
+            "silent connections are bounded only by --max-connections",
+            config.http,
+        )
     Granian(
         TARGET,
         address=config.host,
@@ -38,9 +86,69 @@ def serve(config: ServerConfig) -> None:
         interface=Interfaces.RSGI,
         workers=config.workers,
         http=HTTPModes(config.http),
+        backlog=config.backlog,
+        # granian's backpressure counts connections, idle ones included, not requests.
+        backpressure=config.max_connections,
+        http1_settings=HTTP1Settings(
+            header_read_timeout=max(1, round(config.header_timeout * 1000)),
+            keep_alive=config.keep_alive,
+        ),
+        # The backstop of --shutdown-timeout: a worker still busy then (closing on a hung
+        # store past its own share of the timeout) is killed.
+        workers_kill_timeout=max(1, math.floor(config.shutdown_timeout)),  # whole seconds
         factory=True,
         log_access=False,
     ).serve()
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Raise the soft limit on open files to what the connection limit needs (as far as the
+    hard limit allows): at the usual soft limit of 1024, accepting fails long before
+    --max-connections is reached."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        log.warning(
+            "open files are limited to %d (ulimit -n): fewer connections than "
+            "--max-connections x --workers (%d) can be held",
+            target,
+            needed,
+        )
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on. granian binds with SO_REUSEPORT, so a second
+    server on a served port would start silently and the kernel would share the connections
+    between the two: with two stores, that repeats ids. A bind without SO_REUSEPORT fails on
+    a listening port whatever options the listener set. (Another process can still take the
+    port between this check and granian's bind: this catches mistakes, not races.)"""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise InvalidArgument(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    with socket.socket(family, kind, proto) as probe:
+        # SO_REUSEADDR: connections of a server that just stopped (TIME_WAIT) are no reason
+        # to refuse; a listening socket still is.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise InvalidArgument(
+                    f"port {port} on {host} is in use by another process; stop it, choose "
+                    "another --port, or pass --reuse-port to share the port on purpose"
+                ) from exc
+            raise InvalidArgument(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
 def _serve_uvicorn(config: ServerConfig) -> None:
@@ -58,4 +166,5 @@ def _serve_uvicorn(config: ServerConfig) -> None:
         workers=config.workers,
         log_level="info",
         access_log=False,
+        timeout_graceful_shutdown=config.shutdown_timeout,
     )

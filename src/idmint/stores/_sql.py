@@ -24,7 +24,12 @@ from .base import StoreIdentity
 T = TypeVar("T")
 
 TABLE = "idmint_keys"
-COLUMNS = "name, max_id, step, first_id, last_id, description, updated_at"
+INSERT_COLUMNS = "name, max_id, step, first_id, last_id, description, updated_at"
+COLUMNS = INSERT_COLUMNS + ", max_batch"
+
+# Columns added after a table may have been made: (table, column, definition). A table made by
+# an older version gains each missing one when a connection is made (see _add_columns).
+ADDED_COLUMNS = ((TABLE, "max_batch", "BIGINT NOT NULL DEFAULT 0"),)
 
 # Written with the schema, on every engine: the store's identity (see StoreIdentity), and the
 # worker ids reserved for static holders. Plain types every engine reads the same way.
@@ -129,12 +134,33 @@ class SqlConnection(ForkAware):
                 for statement in (*self._dialect.schema, *COMMON_SCHEMA):
                     with contextlib.suppress(*self._dialect.duplicate):
                         cur.execute(statement)
+                self._add_columns(cur)
                 self._identity = self._read_identity(cur)
             except BaseException:
                 conn.close()
                 raise
             self._conn = conn
         return self._conn.cursor()
+
+    @staticmethod
+    def _add_columns(cur: Any) -> None:
+        """Add the ADDED_COLUMNS a table lacks. Generic (the columns a query returns, then a
+        plain ALTER TABLE ADD COLUMN) and race-safe: of two processes adding a column at once,
+        one fails ("duplicate column") and succeeds by finding the column there."""
+
+        def columns(table: str) -> set[str]:
+            cur.execute(f"SELECT * FROM {table} WHERE 1 = 0")
+            cur.fetchall()
+            return {str(d[0]).lower() for d in cur.description}
+
+        for table, column, definition in ADDED_COLUMNS:
+            if column in columns(table):
+                continue
+            try:
+                cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+            except Exception:
+                if column not in columns(table):  # not the race: a real failure
+                    raise
 
     def _read_identity(self, cur: Any) -> StoreIdentity:
         """The store's identity, made by the first connection ever (the others lose the race
@@ -205,7 +231,10 @@ class SqlRangeStore(SqlConnection):
         self._select_locked = self._select + dialect.for_update
         self._select_all = f"SELECT {COLUMNS} FROM {TABLE} ORDER BY name"
         self._insert = (
-            f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {now})"
+            f"INSERT INTO {TABLE} ({INSERT_COLUMNS}) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {now})"
+        )
+        self._set_max_batch = (
+            f"UPDATE {TABLE} SET max_batch = {p}, updated_at = {now} WHERE name = {p}"
         )
         self._set_max = f"UPDATE {TABLE} SET max_id = {p}, updated_at = {now} WHERE name = {p}"
         self._set_floor = (
@@ -297,9 +326,19 @@ class SqlRangeStore(SqlConnection):
 
         return self._run(body)
 
+    def set_max_batch(self, name: str, max_batch: int) -> Key:
+        """Set the most ids one request may take over HTTP (0: the default rule)."""
+
+        def body(cur: Any) -> Key:
+            self._key(cur, name, lock=True)  # KeyNotFound
+            cur.execute(self._set_max_batch, (max_batch, name))
+            return self._key(cur, name, lock=False)
+
+        return self._run(body)
+
 
 def _row_to_key(row: Sequence[Any]) -> Key:
-    name, max_id, step, first_id, last_id, description, updated_at = row
+    name, max_id, step, first_id, last_id, description, updated_at, max_batch = row
     return Key(
         name=str(name),
         max_id=int(max_id),
@@ -308,6 +347,7 @@ def _row_to_key(row: Sequence[Any]) -> Key:
         last_id=int(last_id),
         description=str(description or ""),
         updated_at=_as_datetime(updated_at),
+        max_batch=int(max_batch),
     )
 
 

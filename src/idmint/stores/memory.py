@@ -90,6 +90,12 @@ class MemoryRangeStore:
             first_id, max_id = raised_floor(key, to)
             return self._update(key, first_id=first_id, max_id=max_id)
 
+    def set_max_batch(self, name: str, max_batch: int) -> Key:
+        with self._lock:
+            key = replace(self._get(name), max_batch=max_batch, updated_at=datetime.now(UTC))
+            self._keys[name] = key
+            return key
+
     def close(self) -> None:
         pass
 

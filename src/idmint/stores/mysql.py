@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     first_id    BIGINT       NOT NULL,
     last_id     BIGINT       NOT NULL,
     description VARCHAR(256) NOT NULL DEFAULT '',
-    updated_at  DATETIME(6)  NOT NULL
+    updated_at  DATETIME(6)  NOT NULL,
+    max_batch   BIGINT       NOT NULL DEFAULT 0
 ) ENGINE=InnoDB
 """
 

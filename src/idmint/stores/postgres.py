@@ -21,7 +21,8 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     first_id    BIGINT       NOT NULL,
     last_id     BIGINT       NOT NULL,
     description VARCHAR(256) NOT NULL DEFAULT '',
-    updated_at  TIMESTAMPTZ  NOT NULL
+    updated_at  TIMESTAMPTZ  NOT NULL,
+    max_batch   BIGINT       NOT NULL DEFAULT 0
 )
 """
 

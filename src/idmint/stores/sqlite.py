@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     first_id    INTEGER NOT NULL,
     last_id     INTEGER NOT NULL,
     description TEXT    NOT NULL DEFAULT '',
-    updated_at  TEXT    NOT NULL
+    updated_at  TEXT    NOT NULL,
+    max_batch   INTEGER NOT NULL DEFAULT 0
 )
 """
 
