@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlsplit
 from .._errors import DriverMissing, InvalidArgument
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
+from ._urls import ENCODE_HINT, misplaced_at, scrub
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -37,6 +38,8 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             "mysql:// stores need the PyMySQL driver: pip install 'idmint[mysql]'"
         ) from exc
 
+    if misplaced_at(url):
+        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {ENCODE_HINT}")
     parts = urlsplit(url)
     database = parts.path.lstrip("/")
     if not database or not parts.hostname:
@@ -46,7 +49,8 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     try:
         port = parts.port or 3306
     except ValueError as exc:
-        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {exc}") from exc
+        # urlsplit takes a password's first characters for the port when it holds a "/"
+        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {scrub(str(exc), url)}") from exc
 
     # The server reports a lock wait that lasted the store timeout; the client waits a second
     # more for any answer, so that the server's error (which keeps the connection) comes first.

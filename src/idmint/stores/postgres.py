@@ -22,6 +22,7 @@ from .._errors import DriverMissing, InvalidArgument
 from ._deadline import WATCHDOG
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
+from ._urls import scrub
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -110,7 +111,8 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     try:
         given = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {exc}") from exc
+        why = scrub(" ".join(str(exc).split()), url)  # libpq may quote a piece of the password
+        raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}") from exc
 
     # TCP-level bounds, unless the URL sets its own: keepalives notice a peer gone silent on an
     # idle connection; tcp_user_timeout drops a connection whose sent data stays unacknowledged.

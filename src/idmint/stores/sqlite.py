@@ -20,6 +20,7 @@ from pathlib import Path
 from .._errors import InvalidArgument
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
+from ._urls import redact
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -40,7 +41,8 @@ def sqlite_path(url: str) -> str:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or len(url) == len(prefix):
         raise InvalidArgument(
-            f"bad SQLite URL {url!r}: use sqlite:///relative/path.db or sqlite:////absolute/path.db"
+            f"bad SQLite URL {redact(url)!r}: "
+            "use sqlite:///relative/path.db or sqlite:////absolute/path.db"
         )
     return url[len(prefix) :]
 
@@ -77,7 +79,7 @@ def sqlite_dialect(url: str, *, timeout: float) -> Dialect:
     path = sqlite_path(url)
     if path != ":memory:" and not Path(path).parent.is_dir():
         raise InvalidArgument(
-            f"bad SQLite URL {url!r}: directory {Path(path).parent} does not exist"
+            f"bad SQLite URL {redact(url)!r}: directory {Path(path).parent} does not exist"
         )
 
     def connect() -> sqlite3.Connection:
