@@ -10,6 +10,7 @@ Each test that pauses a server starts its own, so no other test sees it hang.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import threading
@@ -21,9 +22,9 @@ import psycopg
 import pymysql
 import pytest
 
-from idmint import StoreUnavailable
+from idmint import IdmintError, StoreUnavailable
 from idmint.stores import open_lease_store, open_store
-from idmint.stores.base import LeaseStore, RangeStore
+from idmint.stores.base import Lease, LeaseStore, RangeStore
 
 from servers import MariaDBServer, PostgresServer, wait_until
 
@@ -136,6 +137,10 @@ def test_sql_calls_end_on_a_paused_server(private_sql_server: Any) -> None:
     for lease_store in (leases, *later_leases):
         wait_until(functools.partial(works, lease_store.holders, "ns"), 15, "holders again")
     assert leases.acquire("ns", workers=8, ttl=60, horizon_ms=NOW).worker_id != lease.worker_id
+    for range_store in (ranges, *later_ranges):
+        range_store.close()
+    for lease_store in (leases, *later_leases):
+        lease_store.close()
 
 
 @pytest.fixture(params=sorted(KV_SERVERS))
@@ -172,8 +177,16 @@ def test_lease_calls_end_on_a_paused_server(private_kv_server: Any) -> None:
         server.resume()
     for each in (store, newcomer):
         wait_until(functools.partial(works, each.holders, "ns"), 15, "holders again")
-    acquire = functools.partial(newcomer.acquire, "ns", workers=8, ttl=60, horizon_ms=NOW)
+    taken: list[Lease] = []
+
+    def acquire() -> None:
+        taken.append(newcomer.acquire("ns", workers=8, ttl=60, horizon_ms=NOW))
+
     wait_until(functools.partial(works, acquire), 15, "acquire again")
+    # Leave nothing behind: a ZooKeeper lease's session (and its threads) outlives the store.
+    for holder, held in ((store, lease), (store, other), (newcomer, taken[0])):
+        with contextlib.suppress(IdmintError):
+            holder.release(held)
     store.close()
     newcomer.close()
 
