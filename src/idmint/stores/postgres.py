@@ -123,6 +123,8 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         "keepalives_count": 3,
         "tcp_user_timeout": _ms(timeout + CLIENT_MARGIN),
     }
+    if psycopg.pq.version() < 120000:  # libpq before 12 has no tcp_user_timeout
+        del tcp["tcp_user_timeout"]
     tcp = {name: value for name, value in tcp.items() if name not in given}
 
     def connect() -> Any:
