@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
-from urllib.parse import urlsplit, urlunsplit
 
 from .._errors import InvalidArgument
 from ._sql import Dialect, SqlRangeStore
 from ._sql_leases import SqlLeaseStore
+from ._urls import redact, scrub
 from .base import LeaseStore, RangeStore
 
 DEFAULT_STORE_URL = "sqlite:///./idmint.db"
@@ -24,19 +26,6 @@ __all__ = [
     "open_store",
     "redact",
 ]
-
-
-def redact(url: str) -> str:
-    """`url` with its password replaced by ***, for messages and logs."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)
-        user = netloc[0].split(":", 1)[0]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-    except ValueError:
-        return url
 
 
 def _resolve(url: str | None, schemes: tuple[str, ...]) -> tuple[str, str, str]:
@@ -56,14 +45,17 @@ def _sql_dialect(scheme: str, url: str, display: str, timeout: float) -> Dialect
     if scheme == "sqlite":
         from .sqlite import sqlite_dialect
 
-        return sqlite_dialect(url, timeout=timeout)
-    if scheme in ("postgresql", "postgres"):
+        dialect = sqlite_dialect(url, timeout=timeout)
+    elif scheme in ("postgresql", "postgres"):
         from .postgres import postgres_dialect
 
-        return postgres_dialect(url, display, timeout=timeout)
-    from .mysql import mysql_dialect
+        dialect = postgres_dialect(url, display, timeout=timeout)
+    else:
+        from .mysql import mysql_dialect
 
-    return mysql_dialect(url, display, timeout=timeout)
+        dialect = mysql_dialect(url, display, timeout=timeout)
+    # A driver's message may quote what it made of the URL: pieces of a password it misread.
+    return dataclasses.replace(dialect, scrub=functools.partial(scrub, url=url))
 
 
 def open_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> RangeStore:

@@ -78,6 +78,8 @@ class Dialect:
     #: UPDATE ... RETURNING: then a whole range is taken in one statement, one round trip
     #: (see SqlRangeStore.allocate).
     returning: bool = False
+    #: Removes the URL's secrets from a driver's message (see stores._urls.scrub).
+    scrub: Callable[[str], str] = str
 
 
 def _as_datetime(value: object) -> datetime | None:
@@ -215,9 +217,8 @@ class SqlConnection(ForkAware):
                 raise
             except self._dialect.unavailable as exc:
                 self._drop_connection()
-                raise StoreUnavailable(
-                    f"store {self.display_url} unavailable: {_one_line(exc)}"
-                ) from exc
+                why = self._dialect.scrub(_one_line(exc))
+                raise StoreUnavailable(f"store {self.display_url} unavailable: {why}") from exc
 
 
 class SqlRangeStore(SqlConnection):

@@ -35,6 +35,7 @@ import httpx
 from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
 from .._fork import ForkAware, orphan
 from ._sql_leases import holder_name
+from ._urls import scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
 
 DATE_STEP_MS = 1000  # an HTTP Date header counts whole seconds
@@ -422,7 +423,7 @@ def open_etcd_leases(url: str, display: str, *, timeout: float) -> EtcdLeaseStor
             ok = False
         if not ok:
             raise InvalidArgument(
-                f"bad store URL {display!r}: {endpoint!r} is not host:port "
+                f"bad store URL {display!r}: {scrub(endpoint, url)!r} is not host:port "
                 "(etcd://host:port[,host:port...][/prefix])"
             )
     if not endpoints or "?" in rest or "#" in rest:

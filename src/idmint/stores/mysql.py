@@ -1,18 +1,21 @@
 """MySQL and MariaDB through PyMySQL.
 
 InnoDB's row lock from `SELECT ... FOR UPDATE` serialises allocations of a key; commits are
-durable under the default `innodb_flush_log_at_trx_commit=1`. The read and write timeouts bound
-how long a refill can hang on a server that stopped answering.
+durable under the default `innodb_flush_log_at_trx_commit=1`. A lock wait ends after the store
+timeout (`innodb_lock_wait_timeout`, whole seconds); the client's read and write timeouts, a
+second longer, end a call to a server that stopped answering.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import DriverMissing, InvalidArgument
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
+from ._urls import ENCODE_HINT, misplaced_at, scrub
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -36,6 +39,8 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             "mysql:// stores need the PyMySQL driver: pip install 'idmint[mysql]'"
         ) from exc
 
+    if misplaced_at(url):
+        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {ENCODE_HINT}")
     parts = urlsplit(url)
     database = parts.path.lstrip("/")
     if not database or not parts.hostname:
@@ -45,7 +50,13 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     try:
         port = parts.port or 3306
     except ValueError as exc:
-        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {exc}") from exc
+        # urlsplit takes a password's first characters for the port when it holds a "/"
+        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {scrub(str(exc), url)}") from exc
+
+    # The server reports a lock wait that lasted the store timeout; the client waits a second
+    # more for any answer, so that the server's error (which keeps the connection) comes first.
+    lock_wait = max(1, math.ceil(timeout))
+    io_timeout = lock_wait + 1.0
 
     def connect() -> Any:
         return pymysql.connect(
@@ -56,8 +67,9 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             database=database,
             autocommit=True,
             connect_timeout=timeout,
-            read_timeout=max(5.0, timeout * 5),
-            write_timeout=max(5.0, timeout * 5),
+            read_timeout=io_timeout,
+            write_timeout=io_timeout,
+            init_command=f"SET SESSION innodb_lock_wait_timeout = {lock_wait}",
             charset="utf8mb4",
             # rowcount = rows matched, not rows changed: a renewal that changes nothing
             # visible is still a renewal.

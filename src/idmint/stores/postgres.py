@@ -3,15 +3,26 @@
 The counter row is locked with `SELECT ... FOR UPDATE` inside the transaction, so concurrent
 allocations of one key queue on the row, and the commit is durable under PostgreSQL's default
 `synchronous_commit=on`.
+
+Every call is bounded (see docs/stores.md, "Bounds"): the server cancels a statement after the
+store timeout (`lock_timeout`, `statement_timeout`) and ends a session left idle inside a
+transaction; the client gives up on a statement the server does not answer at all (a frozen
+server acknowledges packets, so no TCP timeout fires) by shutting the socket down.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
+import socket
 from typing import Any
 
 from .._errors import DriverMissing, InvalidArgument
+from ._deadline import WATCHDOG
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
+from ._urls import scrub
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -27,6 +38,68 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 """
 
 
+#: How much longer than the server's own timeouts the client waits for an answer: the server's
+#: error, when it can send one, keeps the connection; the client's deadline drops it.
+CLIENT_MARGIN = 1.0
+
+
+class _BoundedConnection:
+    """A psycopg connection whose every statement ends within `limit` seconds: when the server
+    does not answer by then, the socket is shut down and the statement fails."""
+
+    def __init__(self, conn: Any, limit: float) -> None:
+        self._conn = conn
+        self._limit = limit
+        # Our own handle on the socket: libpq may close its descriptor (on a broken connection)
+        # while a deadline is armed, and the number could be reused by then.
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+
+    def cursor(self) -> _BoundedCursor:
+        return _BoundedCursor(self._conn.cursor(), self)
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        finally:
+            self._sock.close()
+
+    def abort(self) -> None:
+        """Make the blocked read return (end of file): libpq then reports a lost connection."""
+        with contextlib.suppress(OSError):  # already closed: nothing is waiting on it
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class _BoundedCursor:
+    def __init__(self, cur: Any, conn: _BoundedConnection) -> None:
+        self._cur = cur
+        self._bounded = conn
+
+    def execute(self, query: Any, params: Any = None) -> _BoundedCursor:
+        import psycopg
+
+        limit = self._bounded._limit
+        token = WATCHDOG.arm(limit, self._bounded.abort)
+        try:
+            self._cur.execute(query, params)
+        except psycopg.Error as exc:
+            if not WATCHDOG.disarm(token):  # the deadline passed: say so, not "server closed"
+                raise psycopg.OperationalError(f"no answer within {limit:g} s") from exc
+            raise
+        finally:
+            WATCHDOG.disarm(token)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
 def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     try:
         import psycopg
@@ -37,17 +110,38 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
 
     url = url.replace("postgres://", "postgresql://", 1)
     try:
-        psycopg.conninfo.conninfo_to_dict(url)
+        given = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {exc}") from exc
+        why = scrub(" ".join(str(exc).split()), url)  # libpq may quote a piece of the password
+        raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}") from exc
+
+    # TCP-level bounds, unless the URL sets its own: keepalives notice a peer gone silent on an
+    # idle connection; tcp_user_timeout drops a connection whose sent data stays unacknowledged.
+    tcp: dict[str, Any] = {
+        "keepalives": 1,
+        "keepalives_idle": max(1, math.ceil(timeout)),
+        "keepalives_interval": max(1, math.ceil(timeout)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": _ms(timeout + CLIENT_MARGIN),
+    }
+    if psycopg.pq.version() < 120000:  # libpq before 12 has no tcp_user_timeout
+        del tcp["tcp_user_timeout"]
+    tcp = {name: value for name, value in tcp.items() if name not in given}
 
     def connect() -> Any:
-        return psycopg.connect(
+        conn = psycopg.connect(
             url,
             autocommit=True,
+            # libpq counts whole seconds and waits at least 2
             connect_timeout=max(1, round(timeout)),
             application_name="idmint",
+            **tcp,
         )
+        try:
+            return _BoundedConnection(conn, timeout + CLIENT_MARGIN)
+        except BaseException:
+            conn.close()
+            raise
 
     dialect = Dialect(
         connect=connect,
@@ -56,8 +150,23 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         begin="BEGIN",
         now="now()",
         param="%s",
-        unavailable=(psycopg.OperationalError, psycopg.InterfaceError),
+        unavailable=(
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            # the server ended a session left idle in a transaction (this process was paused)
+            psycopg.errors.IdleInTransactionSessionTimeout,
+        ),
         duplicate=(psycopg.errors.UniqueViolation,),
         returning=True,
+        # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
+        # statement gets a little more, so that a lock wait is reported as one; a session
+        # idle inside a transaction for twice that (its process is paused) is ended, so its row
+        # locks do not hold up every other process.
+        on_connect=(
+            f"SELECT set_config('lock_timeout', '{_ms(timeout)}', false),"
+            f" set_config('statement_timeout', '{_ms(timeout + CLIENT_MARGIN / 2)}', false),"
+            " set_config('idle_in_transaction_session_timeout',"
+            f" '{max(1000, _ms(2 * timeout))}', false)",
+        ),
     )
     return dialect

@@ -36,6 +36,7 @@ from .._errors import (
     WorkerInUse,
     WorkersExhausted,
 )
+from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 
 if TYPE_CHECKING:
@@ -338,8 +339,11 @@ def _parse(url: str, display: str) -> dict[str, Any]:
     """Connection arguments and the key prefix from a redis:// or rediss:// URL."""
 
     def bad(reason: str) -> InvalidArgument:
-        return InvalidArgument(f"bad store URL {display!r}: {reason}")
+        # urlsplit's reasons quote what it made of the URL: maybe pieces of a password
+        return InvalidArgument(f"bad store URL {display!r}: {scrub(reason, url)}")
 
+    if misplaced_at(url):
+        raise bad(ENCODE_HINT)
     try:
         parts = urlsplit(url)
         port = parts.port or DEFAULT_PORT

@@ -4,16 +4,23 @@
 can never read the same `max_id`; other writers wait up to the busy timeout. WAL lets readers
 (`keys list`) proceed meanwhile, and `synchronous=FULL` makes every commit durable before it
 returns, so a power cut cannot roll a counter back under ids already served.
+
+Switching a new file to WAL can fail with SQLITE_BUSY at once, without the busy handler, while
+another process does the same; `connect` retries it with a short jittered back-off, for at most
+the store timeout.
 """
 
 from __future__ import annotations
 
+import random
 import sqlite3
+import time
 from pathlib import Path
 
 from .._errors import InvalidArgument
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
+from ._urls import redact
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -35,21 +42,56 @@ def sqlite_path(url: str) -> str:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or len(url) == len(prefix):
         raise InvalidArgument(
-            f"bad SQLite URL {url!r}: use sqlite:///relative/path.db or sqlite:////absolute/path.db"
+            f"bad SQLite URL {redact(url)!r}: "
+            "use sqlite:///relative/path.db or sqlite:////absolute/path.db"
         )
     return url[len(prefix) :]
+
+
+SQLITE_BUSY = 5  # the primary result code; extended codes (SQLITE_BUSY_RECOVERY...) add high bits
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == SQLITE_BUSY
+
+
+def set_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """`PRAGMA journal_mode=WAL`, retried while it fails with SQLITE_BUSY, for up to `timeout`.
+
+    On a file that is new, or that another process is switching to WAL at the same moment,
+    SQLite returns SQLITE_BUSY here without calling the busy handler, so the connection's busy
+    timeout does not apply. Each retry waits a little longer, at random, so that processes that
+    collided do not collide again."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchall()
+            return
+        except sqlite3.OperationalError as exc:
+            left = deadline - time.monotonic()
+            if not _is_busy(exc) or left <= 0:
+                raise
+            time.sleep(min(left, random.uniform(pause / 2, pause)))
+            pause = min(pause * 2, 0.05)
 
 
 def sqlite_dialect(url: str, *, timeout: float) -> Dialect:
     path = sqlite_path(url)
     if path != ":memory:" and not Path(path).parent.is_dir():
         raise InvalidArgument(
-            f"bad SQLite URL {url!r}: directory {Path(path).parent} does not exist"
+            f"bad SQLite URL {redact(url)!r}: directory {Path(path).parent} does not exist"
         )
 
     def connect() -> sqlite3.Connection:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, as on the other engines.
-        return sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        try:
+            set_wal(conn, timeout)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     dialect = Dialect(
         connect=connect,
@@ -63,8 +105,7 @@ def sqlite_dialect(url: str, *, timeout: float) -> Dialect:
         duplicate=(sqlite3.IntegrityError,),
         greatest="max",
         returning=sqlite3.sqlite_version_info >= (3, 35),
-        on_connect=(
-            "PRAGMA journal_mode=WAL",
+        on_connect=(  # journal_mode=WAL is set by connect()
             "PRAGMA synchronous=FULL",
             f"PRAGMA busy_timeout={int(timeout * 1000)}",
         ),

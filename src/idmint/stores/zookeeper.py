@@ -106,17 +106,23 @@ class _Session:
         self._client = kz.client(hosts=hosts, timeout=session_timeout, logger=self._log)
         self.session_timeout = session_timeout
         self.session_id = 0
+        self._stalled = False  # a call got no answer in time: stop() does not wait on it again
 
     def _unavailable(self, what: object) -> StoreUnavailable:
         return StoreUnavailable(f"store {self._display} unavailable: {what}")
 
     def start(self) -> None:
+        # Not KazooClient.start(timeout): after its timeout it stops the client and waits for
+        # the connection thread, up to max(10 s, the session timeout) on a frozen server.
         try:
-            self._client.start(timeout=self._timeout)
+            connected = self._client.start_async().wait(timeout=self._timeout)
         except Exception as exc:
-            raise self._unavailable(
-                f"no connection within {self._timeout:g} s ({type(exc).__name__})"
-            ) from exc
+            self.stop()
+            raise self._unavailable(f"cannot connect ({type(exc).__name__})") from exc
+        if not (connected and self._client.connected):
+            self._stalled = True
+            self.stop()
+            raise self._unavailable(f"no connection within {self._timeout:g} s")
         self.session_id = int(self._client.client_id[0])
         if self._log.negotiated_ms is not None:
             self.session_timeout = self._log.negotiated_ms / 1000
@@ -133,14 +139,18 @@ class _Session:
     def _wait(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         kz = self._kz
         try:
-            return call(*args, **kwargs).get(timeout=self._timeout)
+            answer = call(*args, **kwargs).get(timeout=self._timeout)
+            self._stalled = False
+            return answer
         except (kz.no_node, kz.node_exists, kz.bad_version):
+            self._stalled = False
             raise
         except kz.session_gone as exc:
             raise _SessionGone(f"store {self._display} unavailable: session ended") from exc
         except kz.error as exc:
             raise self._unavailable(type(exc).__name__) from exc
         except self._client.handler.timeout_exception as exc:
+            self._stalled = True
             raise self._unavailable(f"no answer within {self._timeout:g} s") from exc
 
     def get(self, path: str) -> tuple[bytes, int]:
@@ -182,7 +192,16 @@ class _Session:
         self._wait(self._client.delete_async, path)
 
     def stop(self) -> None:
-        """Close the session (deleting its ephemeral nodes) and free the client."""
+        """Close the session (deleting its ephemeral nodes) and free the client, waiting at
+        most `timeout`: kazoo waits for the server to confirm the close, which a frozen server
+        never does; not at all after a call that got no answer. The close then goes on in the
+        background, and the server ends the session when it answers again (or when the session
+        times out)."""
+        closer = threading.Thread(target=self._close, name="idmint-zk-close", daemon=True)
+        closer.start()
+        closer.join(0 if self._stalled else self._timeout)
+
+    def _close(self) -> None:
         try:
             self._client.stop()
             self._client.close()
