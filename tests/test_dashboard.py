@@ -158,6 +158,8 @@ def test_dashboard_shows_keys_and_ranges(idmint_server: ServerProcess) -> None:
     assert page.keys["ticket"]["remaining"].startswith(f"{ticket['remaining']} ")
     assert "32-bit" in page.keys["ticket"]["key"]
     assert page.by_id["f-version"] == stats["server"]["version"]
+    store_id = stats["server"]["store_id"]
+    assert len(store_id) == 32 and page.by_id["f-store-id"] == store_id[:8]
     assert page.by_id["f-ready"] == "ready" and page.errors == {}
 
     ARTIFACTS.mkdir(exist_ok=True)

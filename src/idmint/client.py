@@ -37,11 +37,10 @@ from ._errors import (
 )
 from ._fork import ForkAware, orphan
 from .ids import Allocation, Key, Range, check_count, check_key_name
-from .stores.base import StoreIdentity
+from .stores.base import STORE_HEADER, StoreIdentity
 from .strategies.segment import SegmentGenerator, SegmentOptions
 
 DEFAULT_TIMEOUT = 2.0
-STORE_HEADER = "idmint-store"  # the store identity a server answers with (StoreIdentity.id)
 
 
 class HttpRangeStore(ForkAware):

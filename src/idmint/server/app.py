@@ -49,6 +49,7 @@ from ..ids import (
     check_key_name,
 )
 from ..layout import layout_named
+from ..stores.base import STORE_HEADER, StoreIdentity
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
@@ -251,6 +252,9 @@ class App:
         self._missing: dict[str, float] = {}
         self._rates: dict[str, RateMeter] = {}
         self._stopped = threading.Event()
+        #: The store's identity as last read (StoreIdentity); every answer names it in the
+        #: `idmint-store` header, so a client can refuse servers of two different stores.
+        self.identity: StoreIdentity | None = None
         self._dashboard: str | None = None
         self._flake: SnowflakeGenerator | None = None
         self._flake_lock = threading.Lock()
@@ -307,11 +311,25 @@ class App:
         threading.Thread(target=self._sample_rates, name="idmint-rates", daemon=True).start()
         threading.Thread(target=self._refresh_rows, name="idmint-keys", daemon=True).start()
 
+    def _probe_store(self) -> list[Key]:
+        """Every key, and the store's identity as it is now (on a probe thread)."""
+        keys = self.minter.keys()
+        identity = self.minter.identity()
+        if self.identity is not None and identity is not None and identity != self.identity:
+            log.error(
+                "the store's identity changed from %s to %s: it lost its data (wiped, or a "
+                "new store behind the same URL); generators refuse ranges below ids they took",
+                self.identity.id,
+                identity.id,
+            )
+        self.identity = identity
+        return keys
+
     def _warm_up(self) -> None:
         """Start every key's generator, as Leaf loads every tag at start, so the first requests
         find ids buffered; /readyz says 503 until they do."""
         try:
-            keys = self.minter.keys()
+            keys = self._probe_store()
         except IdmintError as exc:
             log.warning("cannot list keys to warm up (they warm up on first use): %s", exc)
             return
@@ -446,7 +464,15 @@ class App:
         return "", None
 
     async def handle(self, request: Request) -> Response:
-        """Answer one request; every error becomes a status code and a one-line reason."""
+        """Answer one request; every error becomes a status code and a one-line reason. Every
+        answer names the store's identity once it is known."""
+        response = await self._answer(request)
+        identity = self.identity
+        if identity is not None:
+            response.headers = (*response.headers, (STORE_HEADER, identity.id))
+        return response
+
+    async def _answer(self, request: Request) -> Response:
         pattern, key = self._match(request.path)
         try:
             if not pattern:
@@ -774,7 +800,7 @@ class App:
         if self.shutting_down:
             return Response(503, "shutting down\n")
         try:
-            self._keep_rows(await self.pools["probe"].run(self._store_deadline, self.minter.keys))
+            self._keep_rows(await self.pools["probe"].run(self._store_deadline, self._probe_store))
         except (IdmintError, PoolTimeout) as exc:
             return Response(503, f"store not reachable: {' '.join(str(exc).split())}\n")
         # Cold: still loading its first range, or its refills failing with nothing buffered.
@@ -786,11 +812,12 @@ class App:
         )
         if cold:
             return Response(503, f"no ids buffered yet for {', '.join(cold[:10])}\n")
-        return Response(200, "ready\n")
+        store = f" (store {self.identity.id})" if self.identity else ""
+        return Response(200, f"ready{store}\n")
 
     async def _snapshots(self) -> list[KeySnapshot]:
         keys = self._keep_rows(
-            await self.pools["probe"].run(self._store_deadline, self.minter.keys)
+            await self.pools["probe"].run(self._store_deadline, self._probe_store)
         )
         out = []
         for k in keys:
@@ -805,6 +832,7 @@ class App:
         return {
             "version": __version__,
             "store": self.minter.url,
+            "store_id": self.identity.id if self.identity else "",
             "pid": os.getpid(),
             "started": self.started,
             "workers": self.config.workers,
@@ -830,6 +858,12 @@ class App:
         server = {
             "version": info["version"],
             "store": info["store"],
+            "store_id": self.identity.id if self.identity else None,
+            "store_created_at": (
+                datetime.fromtimestamp(self.identity.created_ms / 1000, UTC).isoformat()
+                if self.identity and self.identity.created_ms
+                else None
+            ),
             "pid": info["pid"],
             "workers": info["workers"],
             "started_at": datetime.fromtimestamp(self.started, UTC).isoformat(),

@@ -127,7 +127,16 @@ def render_prometheus(
         "idmint_up",
         "gauge",
         "1 while the server runs; labels describe it.",
-        [({"version": str(info["version"]), "store": str(info["store"])}, 1)],
+        [
+            (
+                {
+                    "version": str(info["version"]),
+                    "store": str(info["store"]),
+                    "store_id": str(info.get("store_id", "")),
+                },
+                1,
+            )
+        ],
     )
     metric(
         "idmint_ids_issued_total",

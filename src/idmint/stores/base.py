@@ -93,6 +93,10 @@ class Lease:
     static: bool = False
 
 
+#: The HTTP header in which an idmint server names its store's identity (StoreIdentity.id).
+STORE_HEADER = "idmint-store"
+
+
 @dataclass(frozen=True)
 class StoreIdentity:
     """Who a store is: a UUID written with its schema (or under its prefix) the first time it

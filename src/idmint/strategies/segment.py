@@ -323,6 +323,8 @@ class SegmentGenerator(ForkAware):
             fresh = Exhausted(error.key, error.last_id)
         elif isinstance(error, CounterWentBack):
             fresh = CounterWentBack(error.key, error.start, error.taken_up_to)
+        elif isinstance(error, InvalidArgument):  # a store that refuses the key: say why
+            fresh = InvalidArgument(str(error))
         else:
             fresh = StoreUnavailable(f"no ids buffered for key {self.key!r}: {error}")
         fresh.__cause__ = error
