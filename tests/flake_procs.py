@@ -93,3 +93,14 @@ def assert_no_two_holders(holds: list[tuple[int, int, float, float]]) -> None:
             assert p1 == p2 or e1 <= b2, (
                 f"worker {wid} held by process {p1} until {e1:.3f} and by {p2} from {b2:.3f}"
             )
+
+
+def kill_left(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL what a failed test left running (its output files go too)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        path = OUTPUTS.pop(proc.pid, None)
+        if path is not None:
+            path.unlink(missing_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -494,16 +495,23 @@ def test_a_second_server_on_a_served_port_is_refused(tmp_path: Path) -> None:
     # and share the connections; with another store that repeats ids.
     first = ServerProcess(f"sqlite:///{tmp_path / 'one.db'}").start()
     try:
-        second = subprocess.run(
+        # Its own process group: a server that does start (the bug) must not outlive the test.
+        proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "idmint", "--store", f"sqlite:///{tmp_path / 'two.db'}"),
                 *("serve", "--port", str(first.port)),
             ],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            check=False,
-            timeout=30,
+            start_new_session=True,
         )
+        try:
+            out, err = proc.communicate(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        second = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         assert second.returncode == 2, second.stderr
         assert second.stderr.startswith("idmint: error: ") and second.stderr.count("\n") == 1
         assert f"port {first.port}" in second.stderr and "--reuse-port" in second.stderr

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import httpx
@@ -10,8 +11,10 @@ import pytest
 
 import idmint
 from idmint import InvalidArgument
+from idmint.stores import open_lease_store
 
-from checks import assert_unique
+from checks import assert_unique, run_threads
+from conftest import fresh_store_url
 from http_server import ServerProcess
 
 
@@ -57,3 +60,31 @@ def test_a_client_refuses_servers_on_two_stores(tmp_path: Path) -> None:
     finally:
         for server in servers:
             server.stop()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "mariadb"])
+def test_many_first_connections_at_once_agree_on_one_identity(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # Twelve processes' first touch of a fresh database, at the same instant: they race to
+    # create the schema and the identity; none may fail, and all must see the same identity.
+    url = fresh_store_url(kind, request, tmp_path)
+    barrier = threading.Barrier(12)
+    seen: list[str] = []
+    errors: list[BaseException] = []
+
+    def first_touch() -> None:
+        store = open_lease_store(url)
+        try:
+            barrier.wait()
+            identity = store.identity()
+            assert identity is not None
+            seen.append(identity.id)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            store.close()
+
+    run_threads(first_touch, 12)
+    assert not errors, errors[0]
+    assert len(seen) == 12 and len(set(seen)) == 1

@@ -24,7 +24,7 @@ from idmint.stores import open_lease_store
 from idmint.strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
 from checks import assert_unique
-from flake_procs import OUTPUTS, read, start, wait_for_ids
+from flake_procs import OUTPUTS, kill_left, read, start, wait_for_ids
 
 
 def wipe_etcd(server: EtcdServer) -> None:
@@ -49,14 +49,17 @@ def test_a_wiped_store_under_a_running_holder(
         server = request.getfixturevalue("redis_server")
         url, wipe = server.store_url(f"loss{time.time_ns()}"), flush_redis
     ttl = 10.0
+    procs: list[Any] = []
     try:
         old = start(url, "loss", ttl, hold=600, exact=True)
+        procs.append(old)
         wait_for_ids(old)
         # Frozen just while the store is wiped and a newcomer takes worker 0, so that it wakes
         # up inside its lease, issuing under a horizon the store has forgotten.
         old.send_signal(signal.SIGSTOP)
         wipe(server)
         new = start(url, "loss", ttl, hold=600, exact=True)
+        procs.append(new)
         wait_for_lease(new)
         old.send_signal(signal.SIGCONT)
         wait_for_ids(new, timeout=30)  # after its quarantine
@@ -64,6 +67,7 @@ def test_a_wiped_store_under_a_running_holder(
         ids_old, holds_old, _ = read_after(old)
         ids_new, holds_new, _ = read_after(new)
     finally:
+        kill_left(procs)
         if kind == "etcd":
             server.close()
     assert holds_new[0][0] == holds_old[0][0] == 0  # the dangerous case did happen

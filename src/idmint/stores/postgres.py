@@ -156,7 +156,13 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             # the server ended a session left idle in a transaction (this process was paused)
             psycopg.errors.IdleInTransactionSessionTimeout,
         ),
-        duplicate=(psycopg.errors.UniqueViolation,),
+        # Concurrent first connections race to create the schema: CREATE TABLE IF NOT EXISTS
+        # can still fail on the table's row type or name; the table is there either way.
+        duplicate=(
+            psycopg.errors.UniqueViolation,
+            psycopg.errors.DuplicateTable,
+            psycopg.errors.DuplicateObject,
+        ),
         returning=True,
         # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
         # statement gets a little more, so that a lock wait is reported as one; a session
