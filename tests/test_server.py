@@ -21,6 +21,7 @@ import idmint
 
 from checks import assert_unique, assert_within, run_threads
 from http_server import ServerProcess
+from servers import free_port
 
 
 def add_key(server: ServerProcess, name: str, **fields: int) -> dict[str, object]:
@@ -215,7 +216,10 @@ def test_admin_over_http_is_off_without_a_token(tmp_path: Path) -> None:
 
 def test_a_non_ascii_token_is_refused_at_start() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "idmint", "--store", "memory://", "serve", "--token", "t\u00f6k"],
+        [
+            *(sys.executable, "-m", "idmint", "--store", "memory://", "serve"),
+            *("--token", "t\u00f6k", "--port", str(free_port())),  # not 8080: it may be in use
+        ],
         capture_output=True,
         text=True,
         check=False,
