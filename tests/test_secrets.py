@@ -271,3 +271,17 @@ def test_percent_encoded_credentials_connect(mariadb: MariaDBServer) -> None:
     range_store.add_key("k", step=10, first_id=1, last_id=100)
     assert range_store.allocate("k").range.start == 1
     range_store.close()
+
+
+def test_a_store_object_shows_no_secret() -> None:
+    """What a debugger or an error tracker shows of a store (its repr, its attributes)."""
+    for url in (
+        f"postgresql://app:{SECRET}@127.0.0.1:1/app?sslpassword={SECRET}",
+        f"mysql://app:{SECRET}@127.0.0.1:1/app",
+        f"sqlite:///app.db?password={SECRET}",
+    ):
+        for store in (open_store(url), open_lease_store(url)):
+            assert SECRET not in repr(store) + repr(vars(store)) + store.display_url
+    for url in (f"redis://:{SECRET}@127.0.0.1:1/0", "etcd://127.0.0.1:1", "zk://127.0.0.1:1"):
+        store = open_lease_store(url)
+        assert SECRET not in repr(store) + repr(vars(store)) + store.display_url
