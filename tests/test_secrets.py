@@ -13,16 +13,18 @@ from urllib.parse import quote, unquote
 
 import httpx
 import psycopg
+import pymysql
 import pytest
+import redis
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
 from idmint.cli import main
-from idmint.stores import redact
+from idmint.stores import open_lease_store, open_store, redact
 
 from http_server import ServerProcess
-from servers import PostgresServer
+from servers import MariaDBServer, PostgresServer
 
 SCHEMES = ["postgresql", "postgres", "mysql", "mariadb", "redis", "rediss", "sqlite", "etcd"]
 SECRET_NAMES = ["password", "passwd", "pwd", "sslpassword", "token", "secret", "api_key", "PASS"]
@@ -231,3 +233,55 @@ def test_a_served_store_url_shows_no_password(postgres: PostgresServer, tmp_path
         ("cli", text) for text in printed
     ]:
         assert SECRET not in text, f"{where}: {text}"
+
+
+# Every character a password must percent-encode in a URL, and what ENCODE_HINT tells users to do.
+ODD = "p/w#x?y@z:1 %&="
+
+
+def test_percent_encoded_credentials_connect(mariadb: MariaDBServer) -> None:
+    """A user name and password written percent-encoded reach the server decoded."""
+    from server_redis import RedisServer
+
+    redis_server = RedisServer()
+    redis_server.start()
+    try:
+        admin = redis.Redis(host="127.0.0.1", port=redis_server.port)
+        admin.acl_setuser(
+            "app@o:k", enabled=True, passwords=[f"+{ODD}"], keys=["*"], commands=["+@all"]
+        )
+        admin.config_set("requirepass", ODD)
+        port = redis_server.port
+        password = quote(ODD, safe="")
+        for userinfo in (f":{password}", f"{quote('app@o:k', safe='')}:{password}"):
+            store = open_lease_store(f"redis://{userinfo}@127.0.0.1:{port}/0?prefix=enc", timeout=5)
+            store.release(store.acquire("ns", workers=4, ttl=60, horizon_ms=1_800_000_000_000))
+            store.close()
+    finally:
+        redis_server.close()
+
+    admin_sql = pymysql.connect(host="127.0.0.1", port=mariadb.port, user="root")
+    with admin_sql, admin_sql.cursor() as cur:
+        cur.execute("CREATE DATABASE IF NOT EXISTS encoded")
+        cur.execute("CREATE USER IF NOT EXISTS 'a@b:c'@'%%' IDENTIFIED BY %s", (ODD,))
+        cur.execute("GRANT ALL ON encoded.* TO 'a@b:c'@'%'")
+    user = quote("a@b:c", safe="")
+    url = f"mysql://{user}:{quote(ODD, safe='')}@127.0.0.1:{mariadb.port}/encoded"
+    range_store = open_store(url, timeout=5)
+    range_store.add_key("k", step=10, first_id=1, last_id=100)
+    assert range_store.allocate("k").range.start == 1
+    range_store.close()
+
+
+def test_a_store_object_shows_no_secret() -> None:
+    """What a debugger or an error tracker shows of a store (its repr, its attributes)."""
+    for url in (
+        f"postgresql://app:{SECRET}@127.0.0.1:1/app?sslpassword={SECRET}",
+        f"mysql://app:{SECRET}@127.0.0.1:1/app",
+        f"sqlite:///app.db?password={SECRET}",
+    ):
+        for store in (open_store(url), open_lease_store(url)):
+            assert SECRET not in repr(store) + repr(vars(store)) + store.display_url
+    for url in (f"redis://:{SECRET}@127.0.0.1:1/0", "etcd://127.0.0.1:1", "zk://127.0.0.1:1"):
+        store = open_lease_store(url)
+        assert SECRET not in repr(store) + repr(vars(store)) + store.display_url

@@ -12,7 +12,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -78,8 +78,9 @@ class Dialect:
     #: UPDATE ... RETURNING: then a whole range is taken in one statement, one round trip
     #: (see SqlRangeStore.allocate).
     returning: bool = False
-    #: Removes the URL's secrets from a driver's message (see stores._urls.scrub).
-    scrub: Callable[[str], str] = str
+    #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
+    #: the URL: not in the repr, which a debugger or an error tracker may show.
+    scrub: Callable[[str], str] = field(default=str, repr=False)
 
 
 def _as_datetime(value: object) -> datetime | None:

@@ -88,8 +88,14 @@ class _BoundedCursor:
             if not WATCHDOG.disarm(token):  # the deadline passed: say so, not "server closed"
                 raise psycopg.OperationalError(f"no answer within {limit:g} s") from exc
             raise
-        finally:
+        except BaseException:
             WATCHDOG.disarm(token)
+            raise
+        if not WATCHDOG.disarm(token):
+            # The answer came just as the deadline passed, and the socket is shut down: fail
+            # now (the outcome of a COMMIT is then unknown, as for any lost connection) rather
+            # than leave a dead connection for the next call on a healthy server.
+            raise psycopg.OperationalError(f"no answer within {limit:g} s")
         return self
 
     def __getattr__(self, name: str) -> Any:

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._errors import (
     DriverMissing,
@@ -365,8 +365,9 @@ def _parse(url: str, display: str) -> dict[str, Any]:
         "host": parts.hostname,
         "port": port,
         "db": int(db),
-        "username": parts.username or None,
-        "password": parts.password,
+        # urlsplit leaves them percent-encoded, as the URL must write "/ ? # @ :" in them
+        "username": unquote(parts.username) if parts.username else None,
+        "password": unquote(parts.password) if parts.password is not None else None,
         "ssl": parts.scheme.lower() == "rediss",
         "prefix": prefix,
     }
