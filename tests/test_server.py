@@ -66,7 +66,8 @@ def test_operations_routes(idmint_server: ServerProcess) -> None:
     add_key(idmint_server, "ticket", start=1, max=2**31 - 1)
     httpx.get(url + "/v1/keys/ticket/ids", params={"count": 10})
     assert httpx.get(url + "/livez").status_code == 200
-    assert httpx.get(url + "/readyz").text == "ready\n"
+    ready = httpx.get(url + "/readyz")
+    assert ready.text == f"ready (store {ready.headers['idmint-store']})\n"
     metrics = httpx.get(url + "/metrics").text
     for name in (
         "idmint_ids_issued_total",
