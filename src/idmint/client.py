@@ -160,6 +160,7 @@ class HttpRangeStore(ForkAware):
         return [_key(k) for k in self._request("GET", "/v1/keys")["keys"]]
 
     def allocate(self, name: str, count: int | None = None) -> Allocation:
+        self._check_fork()  # before the survey, which talks to the servers too
         if not self._surveyed:
             self._survey()
         # A key's batch cap (kept in its row, the same on every server) bounds what one request

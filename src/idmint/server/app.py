@@ -575,11 +575,12 @@ class App:
         return keys
 
     def _refresh_rows(self) -> None:
-        """Read every key's row every KEY_REFRESH seconds, so a batch cap an admin changed on
-        any server applies here too within that time, without a store read per request."""
+        """Read every key's row (and the store's identity) every KEY_REFRESH seconds, so a
+        batch cap an admin changed on any server applies here too within that time, without a
+        store read per request, and a store that changed identity is noticed without probes."""
         while not self._stopped.wait(KEY_REFRESH):
             try:
-                self._keep_rows(self.minter.keys())
+                self._keep_rows(self._probe_store())
             except IdmintError as exc:
                 log.debug("cannot refresh the keys' rows: %s", exc)
 
