@@ -45,10 +45,12 @@ class SlowStore:
         self.display_url = inner.display_url
         self.allocations = 0
 
-    def allocate(self, name: str, count: int | None = None) -> Allocation:
+    def allocate(
+        self, name: str, count: int | None = None, *, stripe: int | None = None
+    ) -> Allocation:
         time.sleep(self.delay)
         self.allocations += 1
-        return self.inner.allocate(name, count)
+        return self.inner.allocate(name, count, stripe=stripe)
 
     def give_back(self, name: str, unused: Range) -> bool:
         return self.inner.give_back(name, unused)

@@ -36,11 +36,23 @@ class FaultyStore:
         self.inner.init()
 
     def add_key(
-        self, name: str, *, step: int, first_id: int, last_id: int, description: str = ""
+        self,
+        name: str,
+        *,
+        step: int,
+        first_id: int,
+        last_id: int,
+        description: str = "",
+        stripes: int = 1,
     ) -> Key:
         self._check()
         return self.inner.add_key(
-            name, step=step, first_id=first_id, last_id=last_id, description=description
+            name,
+            step=step,
+            first_id=first_id,
+            last_id=last_id,
+            description=description,
+            stripes=stripes,
         )
 
     def get_key(self, name: str) -> Key:
@@ -51,7 +63,9 @@ class FaultyStore:
         self._check()
         return self.inner.list_keys()
 
-    def allocate(self, name: str, count: int | None = None) -> Allocation:
+    def allocate(
+        self, name: str, count: int | None = None, *, stripe: int | None = None
+    ) -> Allocation:
         with self._lock:
             self.calls += 1
             before = self.fail_before > 0
@@ -63,7 +77,7 @@ class FaultyStore:
         self._check()
         if before:
             raise StoreUnavailable("injected failure before commit")
-        taken = self.inner.allocate(name, count)
+        taken = self.inner.allocate(name, count, stripe=stripe)
         with self._lock:
             self.allocations.append(taken.range)
         if after:
@@ -81,6 +95,10 @@ class FaultyStore:
     def raise_floor(self, name: str, to: int) -> Key:
         self._check()
         return self.inner.raise_floor(name, to)
+
+    def set_max_batch(self, name: str, max_batch: int) -> Key:
+        self._check()
+        return self.inner.set_max_batch(name, max_batch)
 
     def close(self) -> None:
         self.inner.close()

@@ -50,13 +50,24 @@ class KeyExists(IdmintError):
 
 
 class Exhausted(IdmintError):
-    """A bounded key has handed out every id up to its maximum."""
+    """A bounded key has handed out every id up to its maximum (or, with `stripe`, one stripe
+    of a striped key has: its generator moves to another stripe)."""
 
-    def __init__(self, key: str, last_id: int | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        last_id: int | None = None,
+        *,
+        stripe: int | None = None,
+        stripes: int | None = None,
+    ) -> None:
         up_to = f" up to its maximum {last_id}" if last_id is not None else ""
-        super().__init__(f"key {key!r} is exhausted: every id{up_to} is used")
+        which = f"stripe {stripe} of key {key!r}" if stripe is not None else f"key {key!r}"
+        super().__init__(f"{which} is exhausted: every id{up_to} is used")
         self.key = key
         self.last_id = last_id
+        self.stripe = stripe
+        self.stripes = stripes  # with `stripe`: how many the key has
 
 
 class StoreUnavailable(IdmintError):

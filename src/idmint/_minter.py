@@ -19,8 +19,9 @@ from .ids import (
     check_max_batch,
 )
 from .layout import Layout
-from .stores import DEFAULT_TIMEOUT, open_lease_store, open_store
-from .stores.base import LeaseStore, NoRangeStore, RangeStore, StoreIdentity
+from .stores import DEFAULT_TIMEOUT, open_engine
+from .stores.base import LeaseStore, RangeStore, StoreIdentity
+from .stores.engine import Engine
 from .stores.static import StateFileLeases, StaticLeaseStore
 from .strategies.segment import SegmentGenerator, SegmentOptions
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
@@ -46,9 +47,12 @@ class Minter(ForkAware):
         *,
         segment_options: SegmentOptions | None = None,
         lease_store: LeaseStore | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.store = store
         self.lease_store = lease_store
+        #: The engine the stores came from (connect() sets it): closed with the minter.
+        self.engine = engine
         self.segment_options = segment_options or SegmentOptions()
         self._segments: dict[str, SegmentGenerator] = {}
         self._snowflakes: list[SnowflakeGenerator] = []
@@ -82,20 +86,27 @@ class Minter(ForkAware):
         *,
         step: int = DEFAULT_STEP,
         start: int = DEFAULT_FIRST_ID,
-        max: int = ID_MAX,  # the CLI's --max: same name
+        max: int | None = None,  # the CLI's --max: same name
         description: str = "",
         max_batch: int = 0,
+        stripes: int = 1,
     ) -> Key:
         """Create a key whose ids run from `start` to `max` (2**31 - 1 for a 32-bit key),
         taken from the store `step` at a time (the dynamic step grows from there).
+
+        `stripes=n` gives the key n independent counters: stripe k hands out start + k,
+        start + k + n, ... so n processes take ranges without contending (Broadcast's
+        stripes). `max` defaults to the highest a key with that many stripes may have.
         `max_batch`: see set_max_batch (0, the default rule, until it is set)."""
+        if max is None:  # the highest: a stripe's counter must still fit in a BIGINT
+            max = ID_MAX + 1 - (stripes if isinstance(stripes, int) and stripes > 0 else 1)
         check_key_name(name)
-        check_key_bounds(step, start, max)
+        check_key_bounds(step, start, max, stripes)
         check_max_batch(max_batch)
         if len(description) > 256:
             raise InvalidArgument("description must be at most 256 characters")
         key = self.store.add_key(
-            name, step=step, first_id=start, last_id=max, description=description
+            name, step=step, first_id=start, last_id=max, description=description, stripes=stripes
         )
         return self.set_max_batch(name, max_batch) if max_batch else key
 
@@ -103,12 +114,7 @@ class Minter(ForkAware):
         """Cap the ids one request may take over HTTP from key `name` (a range, a batch) at
         `max_batch`; 0 restores the default, the key's step x 100 (at most 10,000,000). It is
         kept in the key's row, so every server on the store applies the same cap."""
-        # Not every RangeStore keeps caps (a client's HttpRangeStore does not): ask, then call.
-        setter = getattr(self.store, "set_max_batch", None)
-        if setter is None:
-            raise InvalidArgument(f"store {self.url} keeps no batch caps")
-        key: Key = setter(check_key_name(name), check_max_batch(max_batch))
-        return key
+        return self.store.set_max_batch(check_key_name(name), check_max_batch(max_batch))
 
     def key(self, name: str) -> Key:
         """The key's row in the store. Raises KeyNotFound."""
@@ -123,11 +129,13 @@ class Minter(ForkAware):
         above imported legacy ids). Only moves up; ranges already held are served out first."""
         return self.store.raise_floor(check_key_name(name), to)
 
-    def take(self, name: str, count: int) -> Range:
-        """Take `count` ids as one range straight from the store (fewer at a bounded key's end).
+    def take(self, name: str, count: int, *, stripe: int | None = None) -> Range:
+        """Take `count` ids as one range straight from the store (fewer at a bounded key's end),
+        from stripe `stripe` of a striped key, or one the store chooses (the range's stride
+        is the key's stripes).
         No buffering: for one-off batches and for handing ranges to clients."""
         check_count(count)
-        return self.store.allocate(check_key_name(name), count).range
+        return self.store.allocate(check_key_name(name), count, stripe=stripe).range
 
     def segment(self, name: str, options: SegmentOptions | None = None) -> SegmentGenerator:
         """The segment generator of a key: one per key and minter, made on first call (the
@@ -227,6 +235,8 @@ class Minter(ForkAware):
         self.store.close()
         if self.lease_store is not None:
             self.lease_store.close()
+        if self.engine is not None:
+            self.engine.close()
         return list(kept)
 
     def __enter__(self) -> Minter:
@@ -242,15 +252,16 @@ def connect(
     timeout: float = DEFAULT_TIMEOUT,
     segment_options: SegmentOptions | None = None,
 ) -> Minter:
-    """Open a Minter on a store URL: sqlite:///path, postgresql://..., mysql://..., memory://.
+    """Open a Minter on a store URL: sqlite:///path, postgresql://..., mysql://...,
+    redis://..., etcd://..., zk://..., cassandra://..., memory://.
 
     The default is $IDMINT_STORE, then sqlite:///./idmint.db. Connecting is lazy: an
     unreachable store is reported by the first call that needs it.
     """
-    leases = open_lease_store(url, timeout=timeout)
-    try:
-        ranges: RangeStore = open_store(url, timeout=timeout)
-    except InvalidArgument:
-        # redis://, etcd://, zk:// keep worker leases; segment keys live on the SQL engines.
-        ranges = NoRangeStore(leases.display_url)
-    return Minter(ranges, segment_options=segment_options, lease_store=leases)
+    engine = open_engine(url, timeout=timeout)
+    return Minter(
+        engine.ranges(),
+        segment_options=segment_options,
+        lease_store=engine.leases(),
+        engine=engine,
+    )

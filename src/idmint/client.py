@@ -142,7 +142,14 @@ class HttpRangeStore(ForkAware):
         self._request("GET", "/livez")
 
     def add_key(
-        self, name: str, *, step: int, first_id: int, last_id: int, description: str = ""
+        self,
+        name: str,
+        *,
+        step: int,
+        first_id: int,
+        last_id: int,
+        description: str = "",
+        stripes: int = 1,
     ) -> Key:
         body = {
             "name": name,
@@ -150,6 +157,7 @@ class HttpRangeStore(ForkAware):
             "start": first_id,
             "max": last_id,
             "description": description,
+            "stripes": stripes,
         }
         return _key(self._request("POST", "/v1/keys", json=body))
 
@@ -159,7 +167,9 @@ class HttpRangeStore(ForkAware):
     def list_keys(self) -> list[Key]:
         return [_key(k) for k in self._request("GET", "/v1/keys")["keys"]]
 
-    def allocate(self, name: str, count: int | None = None) -> Allocation:
+    def allocate(
+        self, name: str, count: int | None = None, *, stripe: int | None = None
+    ) -> Allocation:
         self._check_fork()  # before the survey, which talks to the servers too
         if not self._surveyed:
             self._survey()
@@ -170,26 +180,46 @@ class HttpRangeStore(ForkAware):
         cap = self._caps.get(name)
         if count is not None and cap is not None:
             count = min(count, cap)
+        params: dict[str, int] = {} if stripe is None else {"stripe": stripe}
         try:
-            data = self._request("POST", path, params={"size": count} if count else {})
+            data = self._request(
+                "POST", path, params={**params, "size": count} if count else params
+            )
         except InvalidArgument:
             cap = self._caps.get(name)
             if count is None or cap is None or count <= cap:
                 raise
             count = cap
-            data = self._request("POST", path, params={"size": count})
+            data = self._request("POST", path, params={**params, "size": count})
         if "batch_cap" in data:
             self._caps[name] = int(data["batch_cap"])
-        taken = Range(int(data["start"]), int(data["stop"]))
+        stride = int(data.get("stride") or 1)
+        taken = Range(int(data["start"]), int(data["stop"]), stride)
         step = int(data.get("step") or len(taken))
-        # What the client knows of the key: enough for the dynamic step (its floor is `step`).
-        key = Key(name, taken.stop, step, taken.start, taken.stop - 1)
+        # What the client knows of the key: enough for the dynamic step (its floor is `step`)
+        # and for telling which stripe the range came from.
+        key = Key(
+            name,
+            taken.stop,
+            step,
+            taken.start,
+            taken.last,
+            stripes=stride,
+            stripe=int(data.get("stripe") or 0),
+        )
         return Allocation(taken, key)
 
     def give_back(self, name: str, unused: Range) -> bool:
         # Never over HTTP: the server cannot tell that a range returned by a client was that
         # client's, and returning someone else's would repeat ids. The tail is skipped.
         return False
+
+    def set_max_batch(self, name: str, max_batch: int) -> Key:
+        return _key(
+            self._request(
+                "PATCH", f"/v1/keys/{check_key_name(name)}", json={"max_batch": max_batch}
+            )
+        )
 
     def raise_floor(self, name: str, to: int) -> Key:
         return _key(
@@ -233,6 +263,8 @@ def _key(data: dict[str, Any]) -> Key:
         int(data["max"]),
         str(data.get("description") or ""),
         max_batch=int(data.get("max_batch") or 0),  # absent from older servers' answers
+        stripes=int(data.get("stripes") or 1),
+        stripe_next=tuple(int(n) for n in data.get("stripe_next") or ()),
     )
 
 

@@ -17,6 +17,11 @@ UINT31_MAX = 2**31 - 1  # the largest id of a "32-bit" key: a signed INT column 
 DEFAULT_STEP = 1000
 DEFAULT_FIRST_ID = 1
 
+# A key may have up to this many stripes (independent counters, see Key.stripes). Its maximum
+# then stays at most ID_MAX + 1 - stripes, so a stripe's counter (up to last_id + stripes)
+# still fits in a BIGINT.
+MAX_STRIPES = 1024
+
 # The most ids one request may take over HTTP (a range, a batch), per key: the key's
 # `max_batch` when an admin set one, else its step x BATCH_CAP_STEPS; never above BATCH_CAP_MAX.
 # Without it, a client with no credential burned a whole 32-bit key in 215 requests.
@@ -43,28 +48,51 @@ def check_count(count: int, *, what: str = "count", maximum: int = ID_MAX) -> in
 
 @dataclass(frozen=True, slots=True)
 class Range:
-    """Half-open interval of ids [start, stop)."""
+    """The ids start, start + stride, start + 2 * stride, ... below stop.
+
+    A plain key's ranges have stride 1: the half-open interval [start, stop). A key with n
+    stripes hands out ranges of stride n, each inside one stripe (see docs/design.md). `stop`
+    is always the id the range's stripe would hand out next: start + len(range) * stride.
+    """
 
     start: int
     stop: int
+    stride: int = 1
 
     def __post_init__(self) -> None:
+        if self.stride < 1:
+            raise ValueError(f"a range's stride must be at least 1, not {self.stride}")
         if self.stop < self.start:
             raise ValueError(f"empty range with stop {self.stop} < start {self.start}")
+        if (self.stop - self.start) % self.stride:
+            raise ValueError(f"range [{self.start}, {self.stop}) is not whole strides")
+
+    @classmethod
+    def of(cls, start: int, count: int, stride: int = 1) -> Range:
+        """The `count` ids from `start`, `stride` apart."""
+        return cls(start, start + count * stride, stride)
 
     def __len__(self) -> int:
-        return self.stop - self.start
+        return (self.stop - self.start) // self.stride
 
     def __contains__(self, value: object) -> bool:
-        return isinstance(value, int) and self.start <= value < self.stop
+        return (
+            isinstance(value, int)
+            and self.start <= value < self.stop
+            and (value - self.start) % self.stride == 0
+        )
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.start, self.stop))
+        return iter(range(self.start, self.stop, self.stride))
 
     @property
     def last(self) -> int:
         """The highest id in the range."""
-        return self.stop - 1
+        return self.stop - self.stride
+
+    def as_dict(self) -> dict[str, int]:
+        """The range as the HTTP API shows it."""
+        return {"start": self.start, "stop": self.stop, "stride": self.stride}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +102,12 @@ class Key:
     `max_id` keeps Leaf's meaning: every id below it has been handed out, and the next range
     starts there. A key issues ids in [first_id, last_id]; `first_id` only moves up (see
     `raise_floor`).
+
+    A key with `stripes` n > 1 keeps n counters (Broadcast's stripes, tinyid's delta and
+    remainder): stripe k hands out the ids congruent to the key's first id + k modulo n, in
+    ranges of stride n. Each stripe is a row of its own in the store, a Key with `stripe` k
+    whose `first_id` and `max_id` are that stripe's ids; `get_key` shows stripe 0's row with
+    every stripe's next id in `stripe_next`.
     """
 
     name: str
@@ -85,6 +119,11 @@ class Key:
     updated_at: datetime | None = None
     #: The most ids one request may take over HTTP; 0: the default rule (see batch_cap).
     max_batch: int = 0
+    stripes: int = 1
+    #: Which stripe's row this is (0 for a plain key).
+    stripe: int = 0
+    #: Where each stripe's next range starts, for a striped key as get_key shows it.
+    stripe_next: tuple[int, ...] = ()
 
     @property
     def batch_cap(self) -> int:
@@ -93,25 +132,44 @@ class Key:
         return self.max_batch or min(self.step * BATCH_CAP_STEPS, BATCH_CAP_MAX)
 
     @property
+    def next_ids(self) -> tuple[int, ...]:
+        """Where the next range of each stripe (of this row, when it is one stripe's) starts."""
+        return self.stripe_next or (max(self.max_id, self.first_id),)
+
+    @property
+    def next_id(self) -> int:
+        """The lowest id any stripe of the key would hand out next."""
+        return min(self.next_ids)
+
+    @property
     def remaining(self) -> int:
         """How many ids the key can still hand out."""
-        return max(0, self.last_id + 1 - max(self.max_id, self.first_id))
+        return sum(
+            (self.last_id - start) // self.stripes + 1
+            for start in self.next_ids
+            if start <= self.last_id
+        )
 
     @property
     def exhausted(self) -> bool:
         return self.remaining == 0
 
     @property
+    def id_max(self) -> int:
+        """The highest maximum a key with this many stripes may have."""
+        return ID_MAX + 1 - self.stripes
+
+    @property
     def bounded(self) -> bool:
         """True when the key's maximum is below the 64-bit ceiling (a 32-bit key, say)."""
-        return self.last_id < ID_MAX
+        return self.last_id < self.id_max
 
     def as_dict(self) -> dict[str, object]:
         """The key as the CLI's --json and the HTTP API show it: `start` and `max` are the
-        bounds, `next_id` where the next range taken by anyone starts."""
-        return {
+        bounds, `next_id` where the next range taken by anyone starts (the lowest stripe's)."""
+        shown: dict[str, object] = {
             "name": self.name,
-            "next_id": max(self.max_id, self.first_id),
+            "next_id": self.next_id,
             "step": self.step,
             "start": self.first_id,
             "max": self.last_id,
@@ -121,7 +179,11 @@ class Key:
             "updated_at": self.updated_at.isoformat() if self.updated_at else None,
             "max_batch": self.max_batch,
             "batch_cap": self.batch_cap,
+            "stripes": self.stripes,
         }
+        if self.stripes > 1:
+            shown["stripe_next"] = list(self.next_ids)
+        return shown
 
 
 def check_max_batch(max_batch: int) -> int:
@@ -138,42 +200,91 @@ def check_max_batch(max_batch: int) -> int:
     return max_batch
 
 
-def check_key_bounds(step: int, first_id: int, last_id: int) -> None:
-    """Validate a new key's step and bounds, raising InvalidArgument with the reason."""
+def check_key_bounds(step: int, first_id: int, last_id: int, stripes: int = 1) -> None:
+    """Validate a new key's step, bounds and stripes, raising InvalidArgument with the reason."""
+    check_count(stripes, what="stripes", maximum=MAX_STRIPES)
     check_count(step, what="step")
+    top = ID_MAX + 1 - stripes
     for what, value in (("start", first_id), ("max", last_id)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= ID_MAX:
-            raise InvalidArgument(f"{what} must be an integer from 0 to {ID_MAX}, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+            striped = f" (a key with {stripes} stripes)" if stripes > 1 else ""
+            raise InvalidArgument(
+                f"{what} must be an integer from 0 to {top}{striped}, not {value!r}"
+            )
     if last_id < first_id:
         raise InvalidArgument(f"max {last_id} is below start {first_id}")
+    if last_id - first_id + 1 < stripes:
+        raise InvalidArgument(
+            f"a key with {stripes} stripes needs at least {stripes} ids; "
+            f"[{first_id}, {last_id}] has {last_id - first_id + 1}"
+        )
+
+
+def check_stripe(stripe: int, stripes: int) -> int:
+    """Return `stripe` if it is one of a key's `stripes` stripes (0 to stripes - 1)."""
+    if isinstance(stripe, bool) or not isinstance(stripe, int) or not 0 <= stripe < stripes:
+        raise InvalidArgument(
+            f"stripe must be an integer from 0 to {stripes - 1} (the key has {stripes} "
+            f"stripe{'s' if stripes > 1 else ''}), not {stripe!r}"
+        )
+    return stripe
+
+
+def align_up(value: int, like: int, stride: int) -> int:
+    """The smallest integer >= value congruent to `like` modulo `stride`."""
+    return value + (like - value) % stride
+
+
+def stripe_row(key: Key, stripe: int) -> Key:
+    """The row stripe `stripe` of a new key starts with: its ids are key.first_id + stripe +
+    j * key.stripes (at or above the key's floor, when that was raised)."""
+    origin = key.first_id + stripe
+    return Key(
+        key.name,
+        max_id=origin,
+        step=key.step,
+        first_id=origin,
+        last_id=key.last_id,
+        stripes=key.stripes,
+        stripe=stripe,
+        updated_at=key.updated_at,
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
-    """What a store hands back from one allocation: the range and the key's row after it."""
+    """What a store hands back from one allocation: the range, the row it came from after it
+    (the key's, or its stripe's), and how many compare-and-set conflicts it took."""
 
     range: Range
     key: Key
+    conflicts: int = 0
 
 
 def next_range(key: Key, count: int | None) -> Range:
-    """The range an allocation of `count` ids (default: the key's step) takes from `key`.
+    """The range an allocation of `count` ids (default: the key's step) takes from `key` (a
+    plain key, or one stripe's row: then the range has that stripe's stride).
 
-    Bounded keys get a shorter range near their end; a key with nothing left raises Exhausted.
-    Every store applies this one rule inside its own atomic update.
+    Bounded keys get a shorter range near their end; a key (or stripe) with nothing left
+    raises Exhausted. Every store applies this one rule inside its own atomic update.
     """
     start = max(key.max_id, key.first_id)
     if start > key.last_id:
-        raise Exhausted(key.name, key.last_id)
+        if key.stripes == 1:
+            raise Exhausted(key.name, key.last_id)
+        raise Exhausted(key.name, key.last_id, stripe=key.stripe, stripes=key.stripes)
     size = key.step if count is None else count
-    return Range(start, min(start + size, key.last_id + 1))
+    left = (key.last_id - start) // key.stripes + 1
+    return Range.of(start, min(size, left), key.stripes)
 
 
 def raised_floor(key: Key, to: int) -> tuple[int, int]:
-    """(first_id, max_id) of `key` after raising its floor to `to`; both only move up."""
+    """(first_id, max_id) of `key` (or of one stripe's row) after raising its floor to `to`;
+    both only move up, and a stripe's stay on that stripe's ids."""
     if isinstance(to, bool) or not isinstance(to, int) or not 0 <= to <= key.last_id:
         raise InvalidArgument(
             f"cannot raise key {key.name!r} to {to!r}: it must be an integer from 0 to the "
             f"key's maximum {key.last_id}"
         )
+    to = align_up(to, key.first_id, key.stripes)
     return max(key.first_id, to), max(key.max_id, to)

@@ -8,35 +8,43 @@ import os
 
 from .._errors import InvalidArgument
 from ._sql import Dialect, SqlRangeStore
+from ._sql_cas import SqlCasStore
 from ._sql_leases import SqlLeaseStore
 from ._urls import redact, scrub
-from .base import LeaseStore, RangeStore
+from .base import CasStore, LeaseStore, RangeStore
+from .cas_ranges import Backoff, CasRangeStore
+from .engine import Engine
 
 DEFAULT_STORE_URL = "sqlite:///./idmint.db"
 DEFAULT_TIMEOUT = 2.0
 
-SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "memory")
-LEASE_SCHEMES = (*SCHEMES, "redis", "rediss", "etcd", "zk")
+SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
+SCHEMES = (*SQL_SCHEMES, "redis", "rediss", "etcd", "zk", "cassandra", "memory")
 
 __all__ = [
     "DEFAULT_STORE_URL",
+    "Backoff",
+    "CasRangeStore",
+    "CasStore",
+    "Engine",
     "LeaseStore",
     "RangeStore",
+    "open_engine",
     "open_lease_store",
     "open_store",
     "redact",
 ]
 
 
-def _resolve(url: str | None, schemes: tuple[str, ...]) -> tuple[str, str, str]:
-    """(url, scheme, display) of a store URL, defaulted and checked against `schemes`."""
+def _resolve(url: str | None) -> tuple[str, str, str]:
+    """(url, scheme, display) of a store URL, defaulted and checked."""
     url = url or os.environ.get("IDMINT_STORE") or DEFAULT_STORE_URL
     display = redact(url)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme not in schemes:
+    if scheme not in SCHEMES:
         raise InvalidArgument(
             f"bad store URL {display!r}: it must start with one of "
-            + ", ".join(f"{s}://" for s in schemes)
+            + ", ".join(f"{s}://" for s in SCHEMES)
         )
     return url, scheme, display
 
@@ -58,38 +66,70 @@ def _sql_dialect(scheme: str, url: str, display: str, timeout: float) -> Dialect
     return dataclasses.replace(dialect, scrub=functools.partial(scrub, url=url))
 
 
-def open_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> RangeStore:
-    """Open the range store a URL names (default: $IDMINT_STORE, then sqlite:///./idmint.db).
+def _cas_ranges(engine: Engine) -> CasRangeStore:
+    return CasRangeStore(engine.cas())
 
-    `timeout` bounds connecting and waiting for locks, in seconds. No I/O happens here: a
-    store connects on first use, so an unreachable store is reported by the first operation.
+
+def _sql_engine(kind: str, dialect: Dialect, display: str) -> Engine:
+    # Each capability has its own connection: a long lease scan never waits behind a range.
+    return Engine(
+        kind,
+        display,
+        {
+            "ranges": lambda _: SqlRangeStore(dialect, display),
+            "leases": lambda _: SqlLeaseStore(dialect, display),
+            "cas": lambda _: SqlCasStore(dialect, display),
+        },
+    )
+
+
+def open_engine(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> Engine:
+    """The engine a store URL names (default: $IDMINT_STORE, then sqlite:///./idmint.db),
+    with the capabilities it has: ranges (segment keys), leases (snowflake worker ids), cas.
+
+    `timeout` bounds connecting and each round trip, in seconds. No I/O happens here: a
+    capability connects on first use, so an unreachable store is reported by the first
+    operation; a bad URL or a missing driver is reported here.
     """
-    url, scheme, display = _resolve(url, SCHEMES)
+    url, scheme, display = _resolve(url)
     if scheme == "memory":
-        from .memory import open_memory
+        from .memory import open_memory_cas
+        from .memory_leases import open_memory_leases
 
-        return open_memory(url)
-    return SqlRangeStore(_sql_dialect(scheme, url, display, timeout), display)
+        return Engine(
+            "memory",
+            display,
+            {
+                "ranges": _cas_ranges,
+                "leases": lambda _: open_memory_leases(url),
+                "cas": lambda _: open_memory_cas(url),
+            },
+        )
+    if scheme in ("redis", "rediss"):
+        from .redis import open_redis_engine
+
+        return open_redis_engine(url, display, timeout=timeout)
+    if scheme == "etcd":
+        from .etcd import open_etcd_engine
+
+        return open_etcd_engine(url, display, timeout=timeout)
+    if scheme == "zk":
+        from .zookeeper import open_zookeeper_engine
+
+        return open_zookeeper_engine(url, display, timeout=timeout)
+    if scheme == "cassandra":
+        from .cassandra import open_cassandra_engine
+
+        return open_cassandra_engine(url, display, timeout=timeout)
+    kind = {"postgres": "postgresql", "mariadb": "mysql"}.get(scheme, scheme)
+    return _sql_engine(kind, _sql_dialect(scheme, url, display, timeout), display)
+
+
+def open_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> RangeStore:
+    """The segment-key store of a URL's engine: `open_engine(url).ranges()`."""
+    return open_engine(url, timeout=timeout).ranges()
 
 
 def open_lease_store(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> LeaseStore:
-    """Open the worker-id lease store a URL names: the range stores' URLs, plus redis://,
-    etcd:// and zk://. Lazy like open_store."""
-    url, scheme, display = _resolve(url, LEASE_SCHEMES)
-    if scheme == "memory":
-        from .memory_leases import open_memory_leases
-
-        return open_memory_leases(url)
-    if scheme in ("redis", "rediss"):
-        from .redis import open_redis_leases
-
-        return open_redis_leases(url, display, timeout=timeout)
-    if scheme == "etcd":
-        from .etcd import open_etcd_leases
-
-        return open_etcd_leases(url, display, timeout=timeout)
-    if scheme == "zk":
-        from .zookeeper import open_zookeeper_leases
-
-        return open_zookeeper_leases(url, display, timeout=timeout)
-    return SqlLeaseStore(_sql_dialect(scheme, url, display, timeout), display)
+    """The worker-lease store of a URL's engine: `open_engine(url).leases()`."""
+    return open_engine(url, timeout=timeout).leases()

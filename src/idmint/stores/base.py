@@ -1,4 +1,5 @@
-"""The contracts stores meet: RangeStore (segments) and LeaseStore (snowflake worker ids).
+"""The contracts stores meet: CasStore (compare-and-set cells), RangeStore (segments) and
+LeaseStore (snowflake worker ids).
 
 A strategy never imports a store module: it is handed an object with these methods. Every
 method is thread-safe. Every method either completes atomically and durably or raises; a range
@@ -17,8 +18,44 @@ from ..ids import Allocation, Key, Range
 
 
 @runtime_checkable
+class CasStore(Protocol):
+    """Text cells with a version, changed only by compare-and-set: the one primitive the
+    generic strategies (ranges over CAS, datacenter ranges) need from an engine.
+
+    Every answer is linearizable and, when it reports a change, durable: `create` or `swap`
+    returns True only after the engine committed the write as durably as it commits anything
+    (see docs/stores.md for the settings each engine needs). An outcome the engine could not
+    confirm (a timeout) raises StoreUnavailable: the caller reads again before trusting it.
+    """
+
+    display_url: str
+
+    def init(self) -> None:
+        """Create the schema (tables, keyspace) if it is missing; also done on first use."""
+
+    def read(self, key: str) -> tuple[str, int] | None:
+        """The cell's (value, version), or None if there is no such cell."""
+
+    def create(self, key: str, value: str) -> bool:
+        """Make the cell with `value` if there is none: False if it exists."""
+
+    def swap(self, key: str, version: int, value: str) -> bool:
+        """Set the cell to `value` if its version is still `version`: False if it changed
+        (or is gone). A successful swap gives the cell a new version."""
+
+    def scan(self, prefix: str) -> list[tuple[str, str]]:
+        """Every (key, value) whose key starts with `prefix`, sorted by key."""
+
+    def identity(self) -> StoreIdentity | None:
+        """The store's identity (see StoreIdentity)."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+@runtime_checkable
 class RangeStore(Protocol):
-    """Keys with a counter each; `allocate` atomically takes a range from a key's counter."""
+    """Keys with a counter each (or one per stripe); `allocate` atomically takes a range."""
 
     #: The store's URL with any password removed: safe to print and log.
     display_url: str
@@ -27,36 +64,53 @@ class RangeStore(Protocol):
         """Create the schema if it is missing. Safe to call any number of times, concurrently."""
 
     def add_key(
-        self, name: str, *, step: int, first_id: int, last_id: int, description: str = ""
+        self,
+        name: str,
+        *,
+        step: int,
+        first_id: int,
+        last_id: int,
+        description: str = "",
+        stripes: int = 1,
     ) -> Key:
-        """Create a key whose first range starts at `first_id`. Raises KeyExists."""
+        """Create a key whose first range starts at `first_id`, with `stripes` counters (stripe
+        k starts at first_id + k). Raises KeyExists."""
 
     def get_key(self, name: str) -> Key:
-        """The key's row. Raises KeyNotFound."""
+        """The key's row (stripe 0's, with every stripe's next id). Raises KeyNotFound."""
 
     def identity(self) -> StoreIdentity | None:
         """The store's identity (see StoreIdentity); None for stores without one."""
 
     def list_keys(self) -> list[Key]:
-        """Every key, sorted by name."""
+        """Every key, sorted by name, as get_key shows it."""
 
-    def allocate(self, name: str, count: int | None = None) -> Allocation:
-        """Take `count` ids (default: the key's step) from the key's counter, atomically.
+    def allocate(
+        self, name: str, count: int | None = None, *, stripe: int | None = None
+    ) -> Allocation:
+        """Take `count` ids (default: the key's step) from the counter of the key's stripe
+        `stripe`, atomically: a range of stride `stripes`. With no stripe the store chooses
+        (the allocation's key row says which, and how many the key has).
 
-        A bounded key near its end yields a shorter range; one with none left raises Exhausted.
-        Raises KeyNotFound, StoreUnavailable.
+        A bounded key near its end yields a shorter range; a stripe with none left raises
+        Exhausted (with its `stripe` set when the key has several). Raises KeyNotFound,
+        InvalidArgument (no such stripe), StoreUnavailable.
         """
 
     def give_back(self, name: str, unused: Range) -> bool:
-        """Return an unused tail: if the counter still stands at `unused.stop` (nobody has
-        allocated since), move it back to `unused.start`. True if it moved.
+        """Return an unused tail: if its stripe's counter still stands at `unused.stop`
+        (nobody has allocated since), move it back to `unused.start`. True if it moved.
 
         Never moves the counter below the key's floor (`first_id`), so a raise that happened
         while the range was held still stands.
         """
 
     def raise_floor(self, name: str, to: int) -> Key:
-        """Make every future range start at or above `to`; the floor only moves up."""
+        """Make every future range of every stripe start at or above `to`; the floor only
+        moves up."""
+
+    def set_max_batch(self, name: str, max_batch: int) -> Key:
+        """Set the most ids one request may take over HTTP (0: the default rule)."""
 
     def close(self) -> None:
         """Release connections. The store may not be used afterwards."""
@@ -222,46 +276,3 @@ def pick_worker(
         if floor_ms(worker_id) <= now_ms:
             return worker_id
     return first
-
-
-class NoRangeStore:
-    """The range side of a URL whose engine keeps only worker leases (redis://, etcd://, zk://):
-    every call says so."""
-
-    def __init__(self, display_url: str) -> None:
-        self.display_url = display_url
-
-    def _refuse(self) -> InvalidArgument:
-        return InvalidArgument(
-            f"store {self.display_url} keeps snowflake worker leases only; segment keys need "
-            "sqlite://, postgresql:// or mysql://"
-        )
-
-    def init(self) -> None:
-        pass
-
-    def add_key(
-        self, name: str, *, step: int, first_id: int, last_id: int, description: str = ""
-    ) -> Key:
-        raise self._refuse()
-
-    def get_key(self, name: str) -> Key:
-        raise self._refuse()
-
-    def list_keys(self) -> list[Key]:
-        raise self._refuse()
-
-    def allocate(self, name: str, count: int | None = None) -> Allocation:
-        raise self._refuse()
-
-    def give_back(self, name: str, unused: Range) -> bool:
-        return False
-
-    def raise_floor(self, name: str, to: int) -> Key:
-        raise self._refuse()
-
-    def identity(self) -> StoreIdentity | None:
-        return None
-
-    def close(self) -> None:
-        pass

@@ -37,6 +37,7 @@ from .._fork import ForkAware, orphan
 from ._sql_leases import holder_name
 from ._urls import scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
+from .engine import Engine
 
 DATE_STEP_MS = 1000  # an HTTP Date header counts whole seconds
 ATTEMPTS = 100  # optimistic transactions lost in a row to concurrent writers: each lost one
@@ -431,3 +432,9 @@ def open_etcd_leases(url: str, display: str, *, timeout: float) -> EtcdLeaseStor
             f"bad store URL {display!r}: expected etcd://host:port[,host:port...][/prefix]"
         )
     return EtcdLeaseStore(endpoints, prefix, display, timeout=timeout)
+
+
+def open_etcd_engine(url: str, display: str, *, timeout: float) -> Engine:
+    """The etcd engine of a URL: worker leases (the URL is checked here, no I/O)."""
+    leases = open_etcd_leases(url, display, timeout=timeout)
+    return Engine("etcd", display, {"leases": lambda _: leases})

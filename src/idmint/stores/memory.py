@@ -1,108 +1,80 @@
 """An in-process store: for strategy unit tests and trying idmint out.
 
-It meets the same contract as the real stores (the contract suite runs on it), but it lives
-and dies with the process. `memory://NAME` stores are shared within a process by name;
-`memory://` is a new, private store each time.
+Its compare-and-set cells (and the ranges built on them, see cas_ranges) meet the same
+contracts as the real stores (the contract suites run on it), but they live and die with the
+process. `memory://NAME` stores are shared within a process by name; `memory://` is a new,
+private store each time.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from dataclasses import replace
-from datetime import UTC, datetime
 
-from .._errors import KeyExists, KeyNotFound
-from ..ids import Allocation, Key, Range, next_range, raised_floor
 from .base import StoreIdentity
+from .cas_ranges import Backoff, CasRangeStore
 
-_named: dict[str, MemoryRangeStore] = {}
+_named: dict[str, MemoryCasStore] = {}
 _named_lock = threading.Lock()
 
 
-class MemoryRangeStore:
-    """A RangeStore in a dict, every operation under one lock."""
+class MemoryCasStore:
+    """A CasStore in a dict, every operation under one lock."""
 
     def __init__(self, display_url: str = "memory://") -> None:
         self.display_url = display_url
-        self._keys: dict[str, Key] = {}
+        self._cells: dict[str, tuple[str, int]] = {}
         self._lock = threading.Lock()
+        self._versions = 0
         self._identity = StoreIdentity(uuid.uuid4().hex, None)
-
-    def identity(self) -> StoreIdentity | None:
-        return self._identity
 
     def init(self) -> None:
         pass
 
-    def add_key(
-        self, name: str, *, step: int, first_id: int, last_id: int, description: str = ""
-    ) -> Key:
+    def identity(self) -> StoreIdentity | None:
+        return self._identity
+
+    def read(self, key: str) -> tuple[str, int] | None:
         with self._lock:
-            if name in self._keys:
-                raise KeyExists(name)
-            key = Key(name, first_id, step, first_id, last_id, description, datetime.now(UTC))
-            self._keys[name] = key
-            return key
+            return self._cells.get(key)
 
-    def _get(self, name: str) -> Key:
-        try:
-            return self._keys[name]
-        except KeyError:
-            raise KeyNotFound(name) from None
+    def _put(self, key: str, value: str) -> None:
+        self._versions += 1
+        self._cells[key] = (value, self._versions)
 
-    def get_key(self, name: str) -> Key:
+    def create(self, key: str, value: str) -> bool:
         with self._lock:
-            return self._get(name)
-
-    def list_keys(self) -> list[Key]:
-        with self._lock:
-            return sorted(self._keys.values(), key=lambda key: key.name)
-
-    def _update(self, key: Key, *, max_id: int, first_id: int | None = None) -> Key:
-        first_id = key.first_id if first_id is None else first_id
-        key = replace(key, max_id=max_id, first_id=first_id, updated_at=datetime.now(UTC))
-        self._keys[key.name] = key
-        return key
-
-    def allocate(self, name: str, count: int | None = None) -> Allocation:
-        with self._lock:
-            key = self._get(name)
-            taken = next_range(key, count)
-            return Allocation(taken, self._update(key, max_id=taken.stop))
-
-    def give_back(self, name: str, unused: Range) -> bool:
-        with self._lock:
-            key = self._keys.get(name)
-            if (
-                key is None
-                or not unused
-                or key.max_id != unused.stop
-                or unused.start < key.first_id
-            ):
+            if key in self._cells:
                 return False
-            self._update(key, max_id=unused.start)
+            self._put(key, value)
             return True
 
-    def raise_floor(self, name: str, to: int) -> Key:
+    def swap(self, key: str, version: int, value: str) -> bool:
         with self._lock:
-            key = self._get(name)
-            first_id, max_id = raised_floor(key, to)
-            return self._update(key, first_id=first_id, max_id=max_id)
+            cell = self._cells.get(key)
+            if cell is None or cell[1] != version:
+                return False
+            self._put(key, value)
+            return True
 
-    def set_max_batch(self, name: str, max_batch: int) -> Key:
+    def scan(self, prefix: str) -> list[tuple[str, str]]:
         with self._lock:
-            key = replace(self._get(name), max_batch=max_batch, updated_at=datetime.now(UTC))
-            self._keys[name] = key
-            return key
+            return sorted((k, v) for k, (v, _) in self._cells.items() if k.startswith(prefix))
 
     def close(self) -> None:
         pass
 
 
-def open_memory(url: str) -> MemoryRangeStore:
+class MemoryRangeStore(CasRangeStore):
+    """Segment keys over a private MemoryCasStore: the generic ranges-over-CAS code, in tests."""
+
+    def __init__(self, display_url: str = "memory://", *, backoff: Backoff | None = None) -> None:
+        super().__init__(MemoryCasStore(display_url), backoff=backoff)
+
+
+def open_memory_cas(url: str) -> MemoryCasStore:
     name = url[len("memory://") :]
     if not name:
-        return MemoryRangeStore(url)
+        return MemoryCasStore(url)
     with _named_lock:
-        return _named.setdefault(name, MemoryRangeStore(url))
+        return _named.setdefault(name, MemoryCasStore(url))

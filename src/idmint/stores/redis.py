@@ -38,6 +38,7 @@ from .._errors import (
 )
 from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
+from .engine import Engine
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -397,3 +398,9 @@ def open_redis_leases(url: str, display: str, *, timeout: float) -> RedisLeaseSt
     # Connection errors and timeouts above all, but also a server that refuses to write
     # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.
     return RedisLeaseStore(client, prefix, display, (redis.exceptions.RedisError,))
+
+
+def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
+    """The redis engine of a URL: worker leases (the URL is checked here, no I/O)."""
+    leases = open_redis_leases(url, display, timeout=timeout)
+    return Engine("redis", display, {"leases": lambda _: leases})

@@ -59,6 +59,7 @@ from .base import (
     forgotten,
     pick_worker,
 )
+from .engine import Engine
 
 DEFAULT_CHROOT = "/idmint"
 PREFERENCE_LOOKS = 32  # free ids whose horizon acquire reads (a round trip each) to prefer one
@@ -596,3 +597,9 @@ def open_zookeeper_leases(url: str, display: str, *, timeout: float) -> ZooKeepe
         error=exceptions.KazooException,
     )
     return ZooKeeperLeaseStore(kz, hosts, chroot, display, timeout)
+
+
+def open_zookeeper_engine(url: str, display: str, *, timeout: float) -> Engine:
+    """The zookeeper engine of a URL: worker leases (the URL is checked here, no I/O)."""
+    leases = open_zookeeper_leases(url, display, timeout=timeout)
+    return Engine("zookeeper", display, {"leases": lambda _: leases})

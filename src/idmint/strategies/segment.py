@@ -35,7 +35,7 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._fork import ForkAware
-from ..ids import Range, check_count, check_key_name
+from ..ids import Allocation, Range, check_count, check_key_name, check_stripe
 from ..stores.base import RangeStore
 
 log = logging.getLogger("idmint.segment")
@@ -62,6 +62,9 @@ class SegmentOptions:
     retry_after: seconds a KeyNotFound or Exhausted answer is trusted before the store is asked
         again (a key may be created meanwhile).
     give_back: on close, return the unused tail to the store when nobody allocated after it.
+    stripe: for a key with stripes, the stripe to start on (default: one chosen at random,
+        which spreads processes over the stripes). A generator moves to another stripe when
+        its own is contended (an allocation lost a compare-and-set) or exhausted.
     """
 
     preload_at: float = 0.1
@@ -71,6 +74,7 @@ class SegmentOptions:
     wait: float = 1.0
     retry_after: float = 1.0
     give_back: bool = True
+    stripe: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.preload_at <= 1.0:
@@ -80,6 +84,8 @@ class SegmentOptions:
             raise InvalidArgument("grow_below must be from 0 to shrink_above")
         if self.wait <= 0 or self.retry_after < 0:
             raise InvalidArgument("wait must be above 0 and retry_after at least 0")
+        if self.stripe is not None:
+            check_stripe(self.stripe, 1 << 31)
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,12 @@ class SegmentStats:
     refill_seconds_total: float
     error: str | None
     closed: bool
+    #: The stripe this generator takes ranges from, of how many (1 for a plain key; None
+    #: until the first refill read the key).
+    stripe: int = 0
+    stripes: int | None = None
+    #: Compare-and-set conflicts its allocations met (engines without row locks).
+    conflicts: int = 0
 
     @property
     def density(self) -> float:
@@ -119,25 +131,34 @@ class _Segment:
     """One range being served: ids are drawn from `ids`; only draws below `limit` are served
     without the lock (`limit` is the preload mark, then `stop` once the preload started)."""
 
-    __slots__ = ("ids", "limit", "start", "stop")
+    __slots__ = ("ids", "limit", "start", "stop", "stride")
 
     def __init__(self, taken: Range, preload_at: float) -> None:
         self.start = taken.start
         self.stop = taken.stop
-        self.ids = itertools.count(taken.start)
-        self.limit = min(taken.stop, taken.start + int(len(taken) * preload_at))
+        self.stride = taken.stride
+        self.ids = itertools.count(taken.start, taken.stride)
+        self.limit = min(taken.stop, taken.start + int(len(taken) * preload_at) * taken.stride)
+
+    def __len__(self) -> int:
+        return (self.stop - self.start) // self.stride
+
+    def range(self, start: int | None = None) -> Range:
+        """The segment's ids from `start` (default: all of them) as a Range."""
+        return Range(self.start if start is None else start, self.stop, self.stride)
 
     def position(self) -> int:
         """The next id `ids` would yield, without drawing it (a draw would waste an id).
-        itertools.count's repr is its only side-effect-free view of its state."""
-        return min(int(repr(self.ids)[6:-1]), self.stop)
+        itertools.count's repr ("count(5)" or "count(5, 3)") is its only side-effect-free
+        view of its state."""
+        return min(int(repr(self.ids)[6:-1].split(",")[0]), self.stop)
 
     def retire(self) -> Range:
         """Stop serving from this segment and return the part nobody drew (see module doc)."""
         stop = self.stop
         self.limit = self.stop = self.start  # first lower the bounds ...
         drawn = next(self.ids)  # ... then draw: every later draw is refused
-        return Range(min(drawn, stop), stop)
+        return Range(min(drawn, stop), stop, self.stride)
 
 
 class SegmentGenerator(ForkAware):
@@ -180,7 +201,14 @@ class SegmentGenerator(ForkAware):
         self._error: IdmintError | None = None
         self._error_at = 0.0
         self._lost: CounterWentBack | None = None  # final: the store lost data
-        self._taken_up_to = 0  # the highest range end taken; the store's counter never drops below
+        # Per stripe, the highest range end taken: the stripe's counter never drops below it.
+        self._taken_up_to: dict[int, int] = {}
+        # The key's stripes (None until the first refill reads the key), the one this
+        # generator takes ranges from, those it found exhausted, and the conflicts it met.
+        self._stripes: int | None = None
+        self._stripe = 0
+        self._spent_stripes: set[int] = set()
+        self._conflicts = 0
         # Dynamic step: the step of the last range and when it was taken.
         self._step: int | None = None
         self._key_step: int | None = None
@@ -238,9 +266,7 @@ class SegmentGenerator(ForkAware):
         while len(ids) < count:
             seg = self._seg
             # Never draw more than the segment holds: draws past its end are thrown away.
-            drawn = list(
-                itertools.islice(seg.ids, min(count - len(ids), max(1, seg.stop - seg.start)))
-            )
+            drawn = list(itertools.islice(seg.ids, min(count - len(ids), max(1, len(seg)))))
             limit = seg.limit  # read after the draws, as in next_id
             if drawn[-1] < limit:
                 ids += drawn
@@ -284,7 +310,7 @@ class SegmentGenerator(ForkAware):
             if self._closed:
                 raise Closed(f"the generator of key {self.key!r} is closed")
             if self._next is not None:
-                self._issued_before += spent.stop - spent.start
+                self._issued_before += len(spent)
                 self._seg, self._next = self._next, None
                 return
             # A failing refill (still retrying, just failed, or the one we waited for) answers
@@ -384,7 +410,7 @@ class SegmentGenerator(ForkAware):
         while not self._stopping.is_set():
             started = time.monotonic()
             try:
-                taken = self._store.allocate(self.key, step)
+                taken = self._allocate(step)
             except StoreUnavailable as exc:
                 error: IdmintError = exc
             except IdmintError as exc:  # KeyNotFound, Exhausted: retrying will not help
@@ -397,10 +423,11 @@ class SegmentGenerator(ForkAware):
                 log.exception("unexpected error loading a range for key %r", self.key)
                 error = StoreUnavailable(f"{type(exc).__name__}: {exc}")
             else:
-                if taken.range.start < self._taken_up_to:
+                taken_up_to = self._taken_up_to.get(taken.key.stripe, 0)
+                if taken.range.start < taken_up_to:
                     # Counters only move up, and a give-back never reaches below a range
                     # someone took after it: this store forgot what it handed out.
-                    lost = CounterWentBack(self.key, taken.range.start, self._taken_up_to)
+                    lost = CounterWentBack(self.key, taken.range.start, taken_up_to)
                     log.error("%s", lost)
                     with self._cond:
                         self._lost = self._error = lost
@@ -409,6 +436,7 @@ class SegmentGenerator(ForkAware):
                         self._cond.notify_all()
                     return
                 with self._cond:
+                    self._taken_up_to[taken.key.stripe] = taken.range.stop
                     self._install(taken.range, step or taken.key.step, taken.key.step, started)
                     self._refilling = False
                     self._cond.notify_all()
@@ -427,11 +455,52 @@ class SegmentGenerator(ForkAware):
             self._refilling = False
             self._cond.notify_all()
 
+    def _allocate(self, step: int | None) -> Allocation:
+        """Take a range from this generator's stripe. The first allocation tells the key's
+        stripes (the store chooses the stripe unless the options give one); then one is
+        chosen at random, so processes spread. Moves to another stripe when its own is
+        exhausted (now) or was contended (from the next range)."""
+        while True:
+            stripe = self.options.stripe if self._stripes is None else self._stripe
+            try:
+                taken = self._store.allocate(self.key, step, stripe=stripe)
+            except Exhausted as exc:
+                if exc.stripe is None or not exc.stripes:
+                    raise
+                self._learn_stripes(exc.stripes, exc.stripe)
+                self._spent_stripes.add(self._stripe)
+                if not self._move_stripe():
+                    raise Exhausted(self.key, exc.last_id) from exc
+                continue
+            if self._stripes is None:
+                self._learn_stripes(taken.key.stripes, taken.key.stripe)
+                if self.options.stripe is None and taken.key.stripes > 1:
+                    self._stripe = _jitter.randrange(taken.key.stripes)
+            elif taken.conflicts:
+                self._conflicts += taken.conflicts
+                self._move_stripe()
+            return taken
+
+    def _learn_stripes(self, stripes: int, stripe: int) -> None:
+        if self._stripes is None:
+            self._stripes, self._stripe = stripes, stripe
+
+    def _move_stripe(self) -> bool:
+        """Move to another stripe that is not exhausted, at random: False if there is none."""
+        left = [
+            s
+            for s in range(self._stripes or 1)
+            if s not in self._spent_stripes and s != self._stripe
+        ]
+        if not left:
+            return self._stripe not in self._spent_stripes
+        self._stripe = _jitter.choice(left)
+        return True
+
     def _install(self, taken: Range, step: int, key_step: int, started: float) -> None:
         """Make a fresh range the next segment. Called with `_cond` held; if the generator
         closed meanwhile, close() gives it back (nobody draws from `_next`)."""
         self._next = _Segment(taken, self.options.preload_at)
-        self._taken_up_to = max(self._taken_up_to, taken.stop)
         self._taken += len(taken)
         self._step, self._key_step = step, key_step
         self._last_taken_at = self._clock()
@@ -453,42 +522,46 @@ class SegmentGenerator(ForkAware):
             self._closed = True
             self._stopping.set()
             tail = self._seg.retire()
-            self._issued_before += tail.start - self._seg.start
+            self._issued_before += (tail.start - self._seg.start) // tail.stride
             self._cond.notify_all()
             refill = self._refill_thread
         if refill is not None:
             # A range arriving now would be wasted: wait a little for it so it can go back too.
             refill.join(self.options.wait)
         with self._cond:
-            held = [tail] + ([Range(self._next.start, self._next.stop)] if self._next else [])
+            held = [tail] + ([self._next.range()] if self._next else [])
             self._next = None
         if not self.options.give_back:
             return [r for r in held if r]
         return self._give_back(held)
 
     def _give_back(self, held: list[Range]) -> list[Range]:
-        # Merge the held ranges that touch, then return them from the top down: each return
-        # works only while the store's counter stands at that range's stop.
-        merged: list[Range] = []
+        # Per stripe, merge the held ranges that touch, then return them from the top down:
+        # each return works only while the stripe's counter stands at that range's stop.
+        stripes: dict[tuple[int, int], list[Range]] = {}
         for r in sorted(held, key=lambda r: r.start):
             if not r:
                 continue
+            merged = stripes.setdefault((r.stride, r.start % r.stride), [])
             if merged and merged[-1].stop == r.start:
-                merged[-1] = Range(merged[-1].start, r.stop)
+                merged[-1] = Range(merged[-1].start, r.stop, r.stride)
             else:
                 merged.append(r)
-        while merged:
-            r = merged[-1]
-            try:
-                if not self._store.give_back(self.key, r):
+        kept: list[Range] = []
+        for merged in stripes.values():
+            while merged:
+                r = merged[-1]
+                try:
+                    if not self._store.give_back(self.key, r):
+                        break
+                except IdmintError as exc:
+                    log.warning("key %r: could not give back %s: %s", self.key, r, exc)
                     break
-            except IdmintError as exc:
-                log.warning("key %r: could not give back %s: %s", self.key, r, exc)
-                break
-            merged.pop()
-            with self._cond:
-                self._given_back += len(r)
-        return merged
+                merged.pop()
+                with self._cond:
+                    self._given_back += len(r)
+            kept += merged
+        return sorted(kept, key=lambda r: r.start)
 
     @property
     def closed(self) -> bool:
@@ -499,7 +572,8 @@ class SegmentGenerator(ForkAware):
             seg, nxt = self._seg, self._next
             serving = bool(seg.stop > seg.start) and not self._closed
             position = seg.position() if serving else None
-            issued = self._issued_before + (position - seg.start if position is not None else 0)
+            drawn = len(seg.range()) - len(seg.range(position)) if position is not None else 0
+            issued = self._issued_before + drawn
             return SegmentStats(
                 key=self.key,
                 issued=issued,
@@ -507,11 +581,11 @@ class SegmentGenerator(ForkAware):
                 given_back=self._given_back,
                 held=0
                 if self._closed
-                else (seg.stop - position if position is not None else 0)
-                + (nxt.stop - nxt.start if nxt else 0),
-                current=Range(seg.start, seg.stop) if serving else None,
+                else (len(seg.range(position)) if position is not None else 0)
+                + (len(nxt) if nxt else 0),
+                current=seg.range() if serving else None,
                 position=position,
-                next=Range(nxt.start, nxt.stop) if nxt else None,
+                next=nxt.range() if nxt else None,
                 step=self._step,
                 refills=self._refills,
                 refilling=self._refilling,
@@ -520,6 +594,9 @@ class SegmentGenerator(ForkAware):
                 refill_seconds_total=self._refill_seconds_total,
                 error=str(self._error) if self._error else None,
                 closed=self._closed,
+                stripe=self._stripe,
+                stripes=self._stripes,
+                conflicts=self._conflicts,
             )
 
     def __enter__(self) -> SegmentGenerator:

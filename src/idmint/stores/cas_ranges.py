@@ -1,0 +1,320 @@
+"""Segment keys on any CasStore: the range store of every engine that is not SQL (and of SQL
+ones too, when asked: `open_engine(url).cas_ranges()`).
+
+Each key is one cell, `key/NAME`, holding stripe 0's counter and the key's settings as JSON; a
+striped key keeps stripe k's counter in its own cell, `key/NAME#k`, so stripes never contend
+with each other (Broadcast's lock striping). An allocation reads its stripe's cell and swaps
+in the counter moved past the range; when another process swapped first it backs off and
+reads again. The back-off is Broadcast's, made stricter: a random first wait, multiplied by
+the attempt, until a deadline, then StoreUnavailable. Random first waits keep clients that
+collided from colliding again in lockstep; growing waits keep a crowd from burning the
+engine's capacity on conflicts.
+
+A stripe's cell is made with the key; if that was cut short (a crash between the cells), the
+first allocation on the stripe makes it from the key's cell, so there is one way to make it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from .._errors import InvalidArgument, KeyExists, KeyNotFound, StoreUnavailable
+from ..ids import (
+    Allocation,
+    Key,
+    Range,
+    align_up,
+    check_stripe,
+    next_range,
+    raised_floor,
+    stripe_row,
+)
+from .base import CasStore, StoreIdentity
+
+T = TypeVar("T")
+
+KEY_PREFIX = "key/"
+_jitter = random.Random()  # our own: leaves the global generator's sequence to the application
+
+
+def cell_name(name: str, stripe: int = 0) -> str:
+    """The cell of a key's stripe: stripe 0's is the key's own."""
+    return f"{KEY_PREFIX}{name}" if stripe == 0 else f"{KEY_PREFIX}{name}#{stripe}"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits between compare-and-set attempts that lost (Broadcast's random back-off).
+
+    The first wait is random in [0, 2 x `initial`) seconds, drawn once per operation; the
+    n-th is n times it. Past `deadline` seconds of trying the operation fails with
+    StoreUnavailable.
+    """
+
+    initial: float = 0.004
+    deadline: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.initial < 0 or self.deadline <= 0:
+            raise InvalidArgument("back-off: initial must be at least 0 and deadline above 0")
+
+    def waits(self, what: str) -> Callable[[], None]:
+        """A function to call after each lost attempt of one operation: it sleeps, or raises
+        StoreUnavailable once the deadline has passed."""
+        first = _jitter.uniform(0.0, 2.0 * self.initial)
+        give_up = time.monotonic() + self.deadline
+        attempt = 0
+
+        def wait() -> None:
+            nonlocal attempt
+            attempt += 1
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise StoreUnavailable(
+                    f"{what}: {attempt} compare-and-set attempts lost to other writers within "
+                    f"{self.deadline:g} s; too many processes on one counter (give the key "
+                    "stripes: idmint keys add NAME --stripes N)"
+                )
+            time.sleep(min(first * attempt, left))
+
+        return wait
+
+
+@dataclass
+class CasCounts:
+    """What the compare-and-set loops did, for stats and /metrics."""
+
+    conflicts: int = 0  # swaps (or creates) another writer won
+    retries: int = 0  # operations that needed more than one attempt
+
+
+def _encode(key: Key, origin: int | None = None) -> str:
+    row: dict[str, object] = {
+        "max_id": key.max_id,
+        "first_id": key.first_id,
+        "last_id": key.last_id,
+        "step": key.step,
+        "stripes": key.stripes,
+        "updated_ms": int(key.updated_at.timestamp() * 1000) if key.updated_at else None,
+    }
+    if key.stripe:
+        row["stripe"] = key.stripe
+    else:
+        row.update(description=key.description, max_batch=key.max_batch, origin=origin)
+    return json.dumps(row, separators=(",", ":"))
+
+
+def _decode(name: str, value: str) -> tuple[Key, int]:
+    """The Key a cell holds, and the key's first id at creation (stripe 0's cell; else 0)."""
+    row = json.loads(value)
+    updated = row.get("updated_ms")
+    key = Key(
+        name=name,
+        max_id=int(row["max_id"]),
+        step=int(row["step"]),
+        first_id=int(row["first_id"]),
+        last_id=int(row["last_id"]),
+        description=str(row.get("description") or ""),
+        updated_at=datetime.fromtimestamp(updated / 1000, UTC) if updated else None,
+        max_batch=int(row.get("max_batch") or 0),
+        stripes=int(row.get("stripes") or 1),
+        stripe=int(row.get("stripe") or 0),
+    )
+    return key, int(row.get("origin") or 0)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class CasRangeStore:
+    """A RangeStore over a CasStore (see the module doc)."""
+
+    def __init__(self, cas: CasStore, *, backoff: Backoff | None = None) -> None:
+        self.display_url = cas.display_url
+        self.cas = cas
+        self.backoff = backoff or Backoff()
+        self.counts = CasCounts()
+        self._counts_lock = threading.Lock()
+
+    # -- cells -------------------------------------------------------------------------------
+
+    def _read_key(self, name: str) -> tuple[Key, int, int]:
+        """(stripe 0's row, the key's origin, the cell's version). Raises KeyNotFound."""
+        got = self.cas.read(cell_name(name))
+        if got is None:
+            raise KeyNotFound(name)
+        key, origin = _decode(name, got[0])
+        return key, origin, got[1]
+
+    def _read_stripe(self, name: str, stripe: int) -> tuple[Key, int, int]:
+        """(row, origin, version) of a stripe's cell, making the cell if the key's creation
+        did not. The origin is the key's (kept in stripe 0's cell) for stripe 0, else 0."""
+        if stripe == 0:
+            return self._read_key(name)
+        while True:
+            got = self.cas.read(cell_name(name, stripe))
+            if got is not None:
+                return _decode(name, got[0])[0], 0, got[1]
+            key, origin, _ = self._read_key(name)
+            check_stripe(stripe, key.stripes)
+            self.cas.create(cell_name(name, stripe), _encode(_first_row(key, origin, stripe)))
+
+    def _change(
+        self, name: str, stripe: int, what: str, change: Callable[[Key], tuple[Key | None, T]]
+    ) -> tuple[T, int]:
+        """Read a stripe's row, `change` it and swap the new row in; when another writer
+        swapped first, back off and redo. `change` returns (new row or None to leave the
+        row as it is, result). Returns the result and how many swaps were lost."""
+        wait: Callable[[], None] | None = None
+        lost = 0
+        while True:
+            row, origin, version = self._read_stripe(name, stripe)
+            new_row, result = change(row)
+            if new_row is None or self.cas.swap(
+                cell_name(name, stripe),
+                version,
+                _encode(replace(new_row, updated_at=_now()), origin),
+            ):
+                if lost:
+                    with self._counts_lock:
+                        self.counts.retries += 1
+                return result, lost
+            lost += 1
+            with self._counts_lock:
+                self.counts.conflicts += 1
+            if wait is None:
+                wait = self.backoff.waits(f"{what} on key {name!r} ({self.display_url})")
+            wait()
+
+    # -- the RangeStore protocol -------------------------------------------------------------
+
+    def init(self) -> None:
+        self.cas.init()
+
+    def identity(self) -> StoreIdentity | None:
+        return self.cas.identity()
+
+    def add_key(
+        self,
+        name: str,
+        *,
+        step: int,
+        first_id: int,
+        last_id: int,
+        description: str = "",
+        stripes: int = 1,
+    ) -> Key:
+        key = Key(name, first_id, step, first_id, last_id, description, _now(), stripes=stripes)
+        if not self.cas.create(cell_name(name), _encode(key, first_id)):
+            raise KeyExists(name)
+        for stripe in range(1, stripes):  # a cell that is already there was made from the key
+            self.cas.create(cell_name(name, stripe), _encode(_first_row(key, first_id, stripe)))
+        return self.get_key(name)
+
+    def get_key(self, name: str) -> Key:
+        key, _, _ = self._read_key(name)
+        if key.stripes == 1:
+            return key
+        rows = [key] + [self._read_stripe(name, s)[0] for s in range(1, key.stripes)]
+        return _with_stripes(key, rows)
+
+    def list_keys(self) -> list[Key]:
+        keys: dict[str, Key] = {}
+        origins: dict[str, int] = {}
+        stripes: dict[str, dict[int, Key]] = {}
+        for cell, value in self.cas.scan(KEY_PREFIX):
+            name, _, _ = cell[len(KEY_PREFIX) :].partition("#")
+            row, origin = _decode(name, value)
+            if row.stripe:
+                stripes.setdefault(name, {})[row.stripe] = row
+            else:
+                keys[name], origins[name] = row, origin
+        shown = []
+        for name in sorted(keys):
+            key = keys[name]
+            if key.stripes > 1:
+                have = stripes.get(name, {})
+                rows = [key] + [
+                    have.get(s) or _first_row(key, origins[name], s) for s in range(1, key.stripes)
+                ]
+                key = _with_stripes(key, rows)
+            shown.append(key)
+        return shown
+
+    def allocate(
+        self, name: str, count: int | None = None, *, stripe: int | None = None
+    ) -> Allocation:
+        if stripe is None:  # the store's choice: at random, so that callers spread out
+            stripes = self._read_key(name)[0].stripes
+            stripe = _jitter.randrange(stripes) if stripes > 1 else 0
+
+        def take(row: Key) -> tuple[Key, tuple[Range, Key]]:
+            taken = next_range(row, count)
+            after = replace(row, max_id=taken.stop)
+            return after, (taken, after)
+
+        (taken, row), lost = self._change(name, stripe, "allocate", take)
+        return Allocation(taken, row, conflicts=lost)
+
+    def give_back(self, name: str, unused: Range) -> bool:
+        if not unused:
+            return False
+        try:
+            key, origin, _ = self._read_key(name)
+        except KeyNotFound:
+            return False
+        if unused.stride != key.stripes:
+            return False
+        stripe = (unused.start - origin) % key.stripes
+
+        def back(row: Key) -> tuple[Key | None, bool]:
+            if row.max_id != unused.stop or unused.start < row.first_id:
+                return None, False
+            return replace(row, max_id=unused.start), True
+
+        return self._change(name, stripe, "give back", back)[0]
+
+    def raise_floor(self, name: str, to: int) -> Key:
+        key, _, _ = self._read_key(name)
+        raised_floor(key, to)  # InvalidArgument before anything moves
+
+        def up(row: Key) -> tuple[Key | None, None]:
+            first_id, max_id = raised_floor(row, to)
+            if (first_id, max_id) == (row.first_id, row.max_id):
+                return None, None
+            return replace(row, first_id=first_id, max_id=max_id), None
+
+        # Stripe 0 first: a stripe cell made later starts from its floor.
+        for stripe in range(key.stripes):
+            self._change(name, stripe, "raise", up)
+        return self.get_key(name)
+
+    def set_max_batch(self, name: str, max_batch: int) -> Key:
+        def cap(row: Key) -> tuple[Key, None]:
+            return replace(row, max_batch=max_batch), None
+
+        self._change(name, 0, "set max batch", cap)
+        return self.get_key(name)
+
+    def close(self) -> None:
+        self.cas.close()
+
+
+def _first_row(key: Key, origin: int, stripe: int) -> Key:
+    """A stripe's starting row: its first id, at or above the key's floor."""
+    row = stripe_row(replace(key, first_id=origin), stripe)
+    floor = align_up(max(row.first_id, key.first_id), row.first_id, key.stripes)
+    return replace(row, first_id=floor, max_id=floor, updated_at=_now())
+
+
+def _with_stripes(key: Key, rows: list[Key]) -> Key:
+    """Stripe 0's row showing where every stripe's next range starts."""
+    return replace(key, stripe_next=tuple(max(r.max_id, r.first_id) for r in rows))

@@ -1,0 +1,100 @@
+"""One engine object per store URL: what that engine can do, each capability made once.
+
+A strategy asks the engine for the capability it needs (`ranges()`, `leases()`, `cas()`); an
+engine without it raises InvalidArgument naming the engines that have it. Capabilities are
+made on first ask and connect on first use, so opening an engine does no I/O.
+
+    engine = open_engine("etcd://127.0.0.1:2379/ids")
+    engine.ranges().allocate("order")     # segment keys, over compare-and-set
+    engine.leases()                       # snowflake worker ids
+    engine.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+from .._errors import InvalidArgument
+from .base import CasStore, LeaseStore, RangeStore
+
+#: The engine names `open_engine` knows, for messages and docs.
+ENGINE_NAMES = (
+    "sqlite",
+    "postgresql",
+    "mysql",
+    "redis",
+    "etcd",
+    "zookeeper",
+    "cassandra",
+    "memory",
+)
+
+#: What each capability is, and which engines have it (for the error that names them).
+CAPABILITIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ranges": ("segment keys", ENGINE_NAMES),
+    "leases": ("snowflake worker leases", ENGINE_NAMES),
+    "cas": ("compare-and-set cells", ENGINE_NAMES),
+}
+
+
+class Engine:
+    """The capabilities of one store URL's engine (see the module doc). Thread-safe."""
+
+    def __init__(
+        self, kind: str, display_url: str, makers: dict[str, Callable[[Engine], Any]]
+    ) -> None:
+        unknown = set(makers) - set(CAPABILITIES)
+        if unknown:
+            raise ValueError(f"unknown capabilities {sorted(unknown)}")
+        self.kind = kind
+        self.display_url = display_url
+        self._makers = makers
+        self._made: dict[str, Any] = {}
+        self._lock = threading.RLock()  # a maker may ask for another capability (ranges: cas)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset(self._makers)
+
+    def has(self, capability: str) -> bool:
+        return capability in self._makers
+
+    def _get(self, capability: str) -> Any:
+        with self._lock:
+            made = self._made.get(capability)
+            if made is None:
+                maker = self._makers.get(capability)
+                if maker is None:
+                    what, engines = CAPABILITIES[capability]
+                    raise InvalidArgument(
+                        f"store {self.display_url} ({self.kind}) has no {what}; the engines "
+                        f"that have them: {', '.join(engines)}"
+                    )
+                made = self._made[capability] = maker(self)
+            return made
+
+    def ranges(self) -> RangeStore:
+        """Segment keys (RangeStore)."""
+        return cast(RangeStore, self._get("ranges"))
+
+    def leases(self) -> LeaseStore:
+        """Snowflake worker-id leases (LeaseStore)."""
+        return cast(LeaseStore, self._get("leases"))
+
+    def cas(self) -> CasStore:
+        """Compare-and-set cells (CasStore)."""
+        return cast(CasStore, self._get("cas"))
+
+    def close(self) -> None:
+        """Close every capability made so far (each close is safe to repeat)."""
+        with self._lock:
+            made, self._made = list(self._made.values()), {}
+        for capability in reversed(made):
+            with contextlib.suppress(Exception):  # closing is best effort, and must go on
+                capability.close()
+
+    def __repr__(self) -> str:
+        return f"<Engine {self.kind} {self.display_url} {sorted(self._makers)}>"
