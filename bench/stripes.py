@@ -14,6 +14,8 @@ statement under a row lock instead of compare-and-set):
   striped_ids_per_s        the same from a key with --stripes counters
   ratio                    striped / plain (Broadcast measured 3.3 on one Cassandra node)
   *_conflicts_per_s        compare-and-set attempts another client won
+  generator_ids_per_s      one generator's next_id() in one thread, steady state (refills
+                           run in the background, so this should not depend on the engine)
 """
 
 from __future__ import annotations
@@ -89,10 +91,32 @@ def measure(url: str, path: str, stripes: int, args: argparse.Namespace) -> tupl
     return ids / args.seconds, conflicts / args.seconds
 
 
+def generator_rate(url: str, path: str, seconds: float) -> float:
+    """next_id() calls per second of one generator on a key of its own, steady state."""
+    engine, store = _ranges(url, path)
+    key = f"gen-{uuid.uuid4().hex[:8]}"
+    store.add_key(key, step=1000, first_id=1, last_id=2**62)
+    gen = SegmentGenerator(store, key)
+    try:
+        gen.next_ids(1000)  # past the first range: the dynamic step has started growing
+        next_id = gen.next_id
+        count = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            for _ in range(10_000):
+                next_id()
+            count += 10_000
+        return count / (time.perf_counter() - started)
+    finally:
+        gen.close()
+        engine.close()
+
+
 def run(url: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
     kind = open_engine(url).kind
     plain, plain_conflicts = measure(url, path, 1, args)
     striped, striped_conflicts = measure(url, path, args.stripes, args)
+    generator = generator_rate(url, path, args.seconds)
     return {
         "bench": "stripes",
         "engine": kind if path == "cas" else f"{kind} (statement)",
@@ -105,6 +129,7 @@ def run(url: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
         "ratio": round(striped / plain, 2) if plain else None,
         "plain_conflicts_per_s": round(plain_conflicts, 1),
         "striped_conflicts_per_s": round(striped_conflicts, 1),
+        "generator_ids_per_s": round(generator),
     }
 
 
