@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -11,6 +13,8 @@ import pytest
 from idmint import InvalidArgument
 from idmint.server import App, ServerConfig
 from idmint.server.config import read_config_file
+
+from checks import run_threads
 
 
 def call(
@@ -378,3 +382,54 @@ def test_the_id_routes_serve_a_striped_key(any_app: App) -> None:
     assert answer.status_code == 410 and one_line(answer), answer.text
     assert "stripe" not in answer.text and "idmint-stripe" not in answer.headers
     assert call(app, "GET", "/api/segment/get/s").status_code == 410
+    [stats] = call(app, "GET", "/v1/stats").json()["keys"]
+    assert stats["stripes"] == 3 and stats["generator"]["stripes"] == 3
+    assert stats["remaining"] == 0 and stats["generator"]["issued"] == 120
+
+
+def test_stripes_and_conflicts_in_metrics_and_stats(any_app: App) -> None:
+    app = any_app
+    call(app, "POST", "/v1/keys", json={"name": "s", "stripes": 3, "step": 10})
+    call(app, "POST", "/v1/keys", json={"name": "p"})
+    assert len(call(app, "GET", "/v1/keys/s/ids?count=5").json()["ids"]) == 5
+    call(app, "GET", "/api/segment/get/p")
+    stats = call(app, "GET", "/v1/stats").json()
+    striped, plain = (next(k for k in stats["keys"] if k["name"] == n) for n in ("s", "p"))
+    gen = striped["generator"]
+    assert (striped["stripes"], gen["stripes"], gen["conflicts"]) == (3, 3, 0)
+    # The stripe its next ranges come from (its first came from the store's choice).
+    assert gen["current"]["stride"] == 3 and gen["stripe"] in (0, 1, 2)
+    plain_gen = plain["generator"]
+    assert (plain["stripes"], plain_gen["stripe"], plain_gen["stripes"]) == (1, 0, 1)
+    metrics = call(app, "GET", "/metrics").text
+    assert f'idmint_segment_stripe{{key="s"}} {gen["stripe"]}\n' in metrics
+    assert 'idmint_segment_stripe{key="p"} 0\n' in metrics
+    assert 'idmint_key_stripes{key="s"} 3\n' in metrics
+    assert 'idmint_key_stripes{key="p"} 1\n' in metrics
+    assert 'idmint_segment_conflicts_total{key="s"} 0\n' in metrics
+    assert "# TYPE idmint_segment_conflicts_total counter\n" in metrics
+    counts = getattr(app.minter.store, "counts", None)
+    if counts is None:  # SQLite locks rows: no compare-and-set loops, nothing to count
+        assert stats["cas"] is None and "idmint_cas_" not in metrics
+        return
+
+    # Allocations of one store racing each other on one stripe: some compare-and-sets lose.
+    def race() -> None:
+        for _ in range(50):
+            app.minter.store.allocate("p", 1)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        deadline = time.monotonic() + 20
+        while counts.conflicts == 0:
+            assert time.monotonic() < deadline, "no conflict in 20 s"
+            run_threads(race, 8)
+    finally:
+        sys.setswitchinterval(switch)
+    assert 0 < counts.retries <= counts.conflicts
+    metrics = call(app, "GET", "/metrics").text
+    assert f"idmint_cas_conflicts_total {counts.conflicts}\n" in metrics
+    assert f"idmint_cas_retries_total {counts.retries}\n" in metrics
+    cas = call(app, "GET", "/v1/stats").json()["cas"]
+    assert cas == {"conflicts": counts.conflicts, "retries": counts.retries}

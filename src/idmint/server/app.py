@@ -54,7 +54,7 @@ from ..stores.base import STORE_HEADER, StoreIdentity
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
-from .metrics import RATE_WINDOW, Counters, KeySnapshot, RateMeter, render_prometheus
+from .metrics import RATE_WINDOW, Counters, KeySnapshot, RateMeter, cas_counts, render_prometheus
 from .openapi import openapi_document
 from .pools import Pool, PoolTimeout
 
@@ -901,6 +901,7 @@ class App:
                 dataclasses.replace(self.counters, handed=handed),
                 self._info(),
                 self._flake.stats() if self._flake is not None else None,
+                cas_counts(self.minter.store),
             ),
             PROMETHEUS,
         )
@@ -925,7 +926,12 @@ class App:
         }
         flake = self._flake.stats() if self._flake is not None else None
         return _json(
-            {"server": server, "keys": [s.as_dict() for s in snapshots], "snowflake": flake}
+            {
+                "server": server,
+                "keys": [s.as_dict() for s in snapshots],
+                "snowflake": flake,
+                "cas": cas_counts(self.minter.store),
+            }
         )
 
     async def openapi(self, request: Request, key: str | None) -> Response:
