@@ -16,9 +16,10 @@ from http_server import ServerProcess
 from servers import MariaDBServer, PostgresServer
 
 # In CI every server must be there: a missing one is a failure, never a skip.
-STORES = ("memory", "sqlite", "postgres", "mariadb")
+STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
 SHARED_STORES = ("sqlite", "postgres", "mariadb")  # those other processes can reach
 LEASE_STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
+CAS_STORES = LEASE_STORES  # every engine keeps compare-and-set cells
 SHARED_LEASE_STORES = LEASE_STORES[1:]  # all but memory: those other processes can reach
 KV_SERVERS = {"redis": "RedisServer", "etcd": "EtcdServer", "zookeeper": "ZooKeeperServer"}
 
@@ -72,6 +73,12 @@ def lease_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture(params=SHARED_LEASE_STORES)
 def shared_lease_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty lease store of every kind several processes can share, in turn."""
+    return fresh_store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=CAS_STORES)
+def cas_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty store of every engine, in turn, for its compare-and-set cells."""
     return fresh_store_url(request.param, request, tmp_path)
 
 
