@@ -17,7 +17,9 @@ from servers import MariaDBServer, PostgresServer
 
 # In CI every server must be there: a missing one is a failure, never a skip.
 STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
-SHARED_STORES = ("sqlite", "postgres", "mariadb")  # those other processes can reach
+# Those other processes can reach.
+SHARED_STORES = ("sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
+SHARED_SQL_STORES = ("sqlite", "postgres", "mariadb")  # for tests of the SQL schema itself
 LEASE_STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
 CAS_STORES = LEASE_STORES  # every engine keeps compare-and-set cells
 SHARED_LEASE_STORES = LEASE_STORES[1:]  # all but memory: those other processes can reach
@@ -85,6 +87,12 @@ def cas_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture(params=SHARED_STORES)
 def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty store of every kind that several processes can share, in turn."""
+    return fresh_store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=SHARED_SQL_STORES)
+def shared_sql_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty SQL store of every kind that several processes can share, in turn."""
     return fresh_store_url(request.param, request, tmp_path)
 
 
