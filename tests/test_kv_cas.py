@@ -5,18 +5,23 @@ before any I/O, and no secret in what a debugger shows of a cell store."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import pytest
 import redis
+from kazoo.client import KazooClient
 from server_redis import RedisServer
+from server_zookeeper import ZooKeeperServer
 
-from idmint import InvalidArgument
+from idmint import InvalidArgument, StoreUnavailable
 from idmint.stores import etcd as etcd_module
 from idmint.stores import open_engine
 from idmint.stores.redis import weak_persistence
-from idmint.stores.zookeeper import _cell_key, _node_name
+from idmint.stores.zookeeper import ZooKeeperCasStore, _cell_key, _node_name
+
+from servers import wait_until
 
 SECRET = "Zq7-s3cr3t-Pw9"
 
@@ -174,3 +179,75 @@ def test_a_cell_store_shows_no_secret() -> None:
     shown = repr(cas) + repr(vars(cas)) + cas.display_url + repr(engine)
     assert SECRET not in shown and "s3cr3t" not in shown
     engine.close()
+
+
+def test_zookeeper_cells_outlive_an_expired_session(zookeeper_server: Any) -> None:
+    """The engine's shared session expires (ended from outside, as the server does when it
+    heard nothing for the session timeout): kazoo opens a new one, and the cells go on."""
+    url = zookeeper_server.store_url("expired")
+    engine = open_engine(url)
+    try:
+        cas = cast(ZooKeeperCasStore, engine.cas())
+        cas.create("k", "0")
+        client = cas._shared.get()._client
+        session_id, password = client.client_id
+        # Another client on the same session, closed: the server ends the session for both.
+        thief = KazooClient(
+            hosts=f"127.0.0.1:{zookeeper_server.port}", client_id=(session_id, password)
+        )
+        thief.start(timeout=10)
+        thief.stop()
+        thief.close()
+        wait_until(lambda: (client.client_id or [session_id])[0] != session_id, 20, "a new session")
+
+        def swapped() -> bool:
+            try:
+                value, version = cas.read("k") or ("", -1)
+                return cas.swap("k", version, str(int(value) + 1))
+            except StoreUnavailable:
+                return False
+
+        wait_until(swapped, 20, "a swap on the new session")
+        assert engine.leases().identity() == cas.identity()
+    finally:
+        engine.close()
+
+
+def test_zookeeper_writes_are_not_queued_while_disconnected() -> None:
+    """With the server gone, a create or swap fails at once (kazoo would send it whenever it
+    reconnects); reads wait out the timeout; everything works again once the server is back."""
+    server = ZooKeeperServer()
+    server.start()
+    engine = open_engine(server.store_url("gone"), timeout=2.0)
+    try:
+        cas = cast(ZooKeeperCasStore, engine.cas())
+        cas.create("k", "v")
+        _, version = cas.read("k") or ("", -1)
+        session = cas._shared.get()
+        server.stop()
+        wait_until(lambda: not session.connected(), 10, "kazoo to see the loss")
+        writes: list[Callable[[], bool]] = [
+            lambda: cas.swap("k", version, "w"),
+            lambda: cas.create("new", "v"),
+        ]
+        for write in writes:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="connection lost, reconnecting"):
+                write()
+            assert time.monotonic() - started < 0.5
+        with pytest.raises(StoreUnavailable, match="within 2 s"):
+            cas.read("k")
+        server.start()
+
+        def back() -> bool:
+            try:
+                return cas.swap("k", version, "w")
+            except StoreUnavailable:
+                return False
+
+        wait_until(back, 30, "a swap after the server came back")
+        assert cas.read("new") is None  # the refused create was never sent
+        assert (cas.read("k") or ("", 0))[0] == "w"
+    finally:
+        engine.close()
+        server.close()

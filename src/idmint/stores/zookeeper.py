@@ -140,6 +140,11 @@ class _Session:
             return "LOST"
         return str(self._client.state)
 
+    def connected(self) -> bool:
+        """The client has a live connection now (to this session or, after one expired, to
+        the new one kazoo opened: unlike `state`, which counts that as LOST)."""
+        return str(self._client.state) == "CONNECTED"
+
     def _wait(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return self._answer(call(*args, **kwargs), self._timeout)
 
@@ -689,9 +694,20 @@ class ZooKeeperCasStore:
             return None
         return data.decode(), version
 
+    def _writer(self) -> _Session:
+        """The shared session, if it is connected now. kazoo holds requests made while it is
+        reconnecting and sends them when it is back: a write could then apply long after its
+        caller gave up on it. Not sending it at all is the one outcome the caller can know."""
+        session = self._shared.get()
+        if not session.connected():
+            raise StoreUnavailable(
+                f"store {self.display_url} unavailable: connection lost, reconnecting"
+            )
+        return session
+
     def create(self, key: str, value: str) -> bool:
         try:
-            self._shared.get().create(self._path(key), value.encode())
+            self._writer().create(self._path(key), value.encode())
         except self._kz.node_exists:
             return False
         return True
@@ -702,7 +718,7 @@ class ZooKeeperCasStore:
             # would break kazoo's connection thread rather than be refused.
             return False
         try:
-            self._shared.get().set(self._path(key), value.encode(), version)
+            self._writer().set(self._path(key), value.encode(), version)
         except (self._kz.bad_version, self._kz.no_node):
             return False
         return True
