@@ -16,11 +16,25 @@ from http_server import ServerProcess
 from servers import MariaDBServer, PostgresServer
 
 # In CI every server must be there: a missing one is a failure, never a skip.
-STORES = ("memory", "sqlite", "postgres", "mariadb")
+STORES = ("memory", "sqlite", "postgres", "mariadb", "cassandra")
 SHARED_STORES = ("sqlite", "postgres", "mariadb")  # those other processes can reach
-LEASE_STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
+LEASE_STORES = (
+    "memory",
+    "sqlite",
+    "postgres",
+    "mariadb",
+    "redis",
+    "etcd",
+    "zookeeper",
+    "cassandra",
+)
 SHARED_LEASE_STORES = LEASE_STORES[1:]  # all but memory: those other processes can reach
-KV_SERVERS = {"redis": "RedisServer", "etcd": "EtcdServer", "zookeeper": "ZooKeeperServer"}
+KV_SERVERS = {
+    "redis": "RedisServer",
+    "etcd": "EtcdServer",
+    "zookeeper": "ZooKeeperServer",
+    "cassandra": "CassandraServer",
+}
 
 _db_numbers = itertools.count(1)
 
@@ -110,3 +124,8 @@ def etcd_server() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def zookeeper_server() -> Iterator[Any]:
     yield from _kv_server("zookeeper")
+
+
+@pytest.fixture(scope="session")
+def cassandra_server() -> Iterator[Any]:
+    yield from _kv_server("cassandra")
