@@ -93,7 +93,7 @@ _jitter = random.Random()  # our own: leaves the global generator's sequence to 
 _log = logging.getLogger(__name__)
 
 
-# -- the URL ---------------------------------------------------------------------------------
+# -- the URL -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def _replication(text: str, bad: Callable[[str], InvalidArgument]) -> dict[str, 
     return replication
 
 
-# -- the driver --------------------------------------------------------------------------------
+# -- the driver ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,7 @@ class _Connection(ForkAware):
         self._prepared = {}
         self._lock = threading.Lock()
 
-    # -- users ---------------------------------------------------------------------------------
+    # -- users ------------------------------------------------------------------------------------
 
     def join(self) -> None:
         with self._lock:
@@ -345,7 +345,7 @@ class _Connection(ForkAware):
         closer.start()
         closer.join(self.timeout)
 
-    # -- connecting ----------------------------------------------------------------------------
+    # -- connecting -------------------------------------------------------------------------------
 
     def _connected(self) -> Any:
         self._check_fork()
@@ -422,7 +422,7 @@ class _Connection(ForkAware):
     def init(self) -> None:
         self.call(lambda session: None)
 
-    # -- statements ----------------------------------------------------------------------------
+    # -- statements -------------------------------------------------------------------------------
 
     def _prepare(self, session: Any, cql: str, consistency: int, serial: int | None) -> Any:
         key = (cql, consistency, serial)
@@ -503,7 +503,7 @@ class _Connection(ForkAware):
         rows = self.run("SELECT now() FROM system.local", (), consistency=self.one)
         return _uuid_ms(rows[0]["now()"])
 
-    # -- errors --------------------------------------------------------------------------------
+    # -- errors -----------------------------------------------------------------------------------
 
     def fail(self, exc: BaseException) -> NoReturn:
         """Raise the StoreUnavailable (or _Unsure, for a write that timed out) `exc` means."""
@@ -529,7 +529,7 @@ def _uuid_ms(value: uuid.UUID) -> int:
     return (value.time - _UUID_EPOCH) // 10_000
 
 
-# -- compare-and-set cells ---------------------------------------------------------------------
+# -- compare-and-set cells -----------------------------------------------------------------------
 
 
 def _token() -> int:
@@ -634,7 +634,7 @@ class CassandraCasStore(_Capability):
         )
 
 
-# -- worker-id leases --------------------------------------------------------------------------
+# -- worker-id leases ----------------------------------------------------------------------------
 
 
 def _kept_s(ttl: float) -> int:
