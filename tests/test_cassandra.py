@@ -293,6 +293,7 @@ def test_a_killed_then_paused_node(private_server: CassandraServer) -> None:
             {
                 "allocate, connected before": lambda: ranges.allocate("k"),
                 "renew, connected before": lambda: leases.renew(lease, NOW + 3),
+                "a statement not prepared yet": lambda: leases.unreserve("ns", 5),
                 "acquire, connecting while paused": lambda: late.leases().acquire(
                     "ns", workers=8, ttl=60, horizon_ms=NOW
                 ),

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import math
 import random
 import re
@@ -90,7 +89,6 @@ _DC = re.compile(r"[A-Za-z0-9_.-]+")
 _HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+")
 _MISSING_SCHEMA = re.compile(r"unconfigured (columnfamily|table)|keyspace .*does not exist", re.I)
 _jitter = random.Random()  # our own: leaves the global generator's sequence to the application
-_log = logging.getLogger(__name__)
 
 
 # -- the URL -------------------------------------------------------------------------------------
@@ -384,9 +382,15 @@ class _Connection(ForkAware):
             max_schema_agreement_wait=SCHEMA_TIMEOUT,
             # A node that comes back is found within 2 s, not the default's minutes.
             reconnection_policy=policies.ExponentialReconnectionPolicy(0.2, 2.0, None),
+            # Preparing waits for one node, not for each in turn (a hung one would hold every
+            # first call up); a node that has not seen a statement asks for it once.
+            prepare_on_all_hosts=False,
         )
         try:
             session = cluster.connect()
+            # What PREPARE waits for: 10 s otherwise, and with execution profiles the driver
+            # refuses to set it through its property.
+            session._default_timeout = self.timeout
             self._make_schema(cluster, session, force=False)
         except BaseException:
             self._shut_down(cluster)
