@@ -297,6 +297,11 @@ def test_a_killed_then_paused_node(private_server: CassandraServer) -> None:
                 "acquire, connecting while paused": lambda: late.leases().acquire(
                     "ns", workers=8, ttl=60, horizon_ms=NOW
                 ),
+                # ... and more threads waiting for that one connection, not each in turn
+                **{
+                    f"holders, waiting for it ({n})": functools.partial(late.leases().holders, "ns")
+                    for n in range(4)
+                },
             }
         )
     finally:

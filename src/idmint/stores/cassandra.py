@@ -303,6 +303,8 @@ class _Connection(ForkAware):
         self._session: Any = None
         self._prepared: dict[tuple[str, int, int | None], Any] = {}
         self._users = 0
+        self._failed_connects = 0
+        self._connect_error: StoreUnavailable | None = None
         self._watch_fork()
 
     def _after_fork(self) -> None:
@@ -347,9 +349,19 @@ class _Connection(ForkAware):
 
     def _connected(self) -> Any:
         self._check_fork()
+        seen = self._failed_connects
         with self._lock:
             if self._session is None:
-                self._connect()
+                if self._failed_connects != seen and self._connect_error is not None:
+                    # The attempt this thread waited for failed: so does this call, at once,
+                    # rather than each waiting thread taking its own timeout in turn.
+                    raise type(self._connect_error)(str(self._connect_error))
+                try:
+                    self._connect()
+                except self._driver.errors as exc:
+                    self._failed_connects += 1
+                    self._connect_error = self.error(exc)
+                    raise
             return self._session
 
     def _connect(self) -> None:
@@ -510,7 +522,10 @@ class _Connection(ForkAware):
     # -- errors -----------------------------------------------------------------------------------
 
     def fail(self, exc: BaseException) -> NoReturn:
-        """Raise the StoreUnavailable (or _Unsure, for a write that timed out) `exc` means."""
+        raise self.error(exc) from None
+
+    def error(self, exc: BaseException) -> StoreUnavailable:
+        """The StoreUnavailable (or _Unsure, for a write that timed out) a driver error means."""
         name = type(exc).__name__
         text = " ".join(str(exc).split())[:400]
         unsure = False
@@ -524,9 +539,7 @@ class _Connection(ForkAware):
             unsure = True  # a write may have reached the coordinator
             text = f"no answer within {self.timeout:g} s"
         kind = _Unsure if unsure else StoreUnavailable
-        raise kind(
-            f"store {self.display_url} unavailable: {name}: {scrub(text, self._url)}"
-        ) from None
+        return kind(f"store {self.display_url} unavailable: {name}: {scrub(text, self._url)}")
 
 
 def _uuid_ms(value: uuid.UUID) -> int:
