@@ -238,8 +238,14 @@ class CassandraServer(Pausable):
     `kill` (SIGKILL), `pause`/`resume`, `close`; `store_url(name)` for a fresh keyspace."""
 
     def __init__(
-        self, *, startup_timeout: float = 90.0, heap: str = "384M", newgen: str = "96M"
+        self,
+        *,
+        startup_timeout: float = 90.0,
+        heap: str = "384M",
+        newgen: str = "96M",
+        settings: dict[str, object] | None = None,
     ) -> None:
+        self.settings = dict(settings or {})  # cassandra.yaml lines that replace the defaults
         self.home = find_cassandra_home()
         self.java_home = find_java_home()
         self.startup_timeout = startup_timeout
@@ -261,16 +267,19 @@ class CassandraServer(Pausable):
 
     def _write_config(self) -> None:
         conf = self.base_dir / "conf"
-        (conf / "cassandra.yaml").write_text(
-            YAML.format(
-                base=self.base_dir,
-                host=LOOPBACK,
-                port=self.port,
-                storage_port=self.storage_port,
-                ssl_storage_port=self.ssl_storage_port,
-                rpc_port=self.rpc_port,
-            )
+        text = YAML.format(
+            base=self.base_dir,
+            host=LOOPBACK,
+            port=self.port,
+            storage_port=self.storage_port,
+            ssl_storage_port=self.ssl_storage_port,
+            rpc_port=self.rpc_port,
         )
+        for name, value in self.settings.items():
+            text, found = re.subn(rf"(?m)^{name}:.*$", f"{name}: {value}", text)
+            if not found:
+                text += f"{name}: {value}\n"
+        (conf / "cassandra.yaml").write_text(text)
         (conf / "cassandra-env.sh").write_text(ENV_SH)
         (conf / "logback.xml").write_text(LOGBACK_XML.format(log_dir=self.base_dir / "logs"))
 

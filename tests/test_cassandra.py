@@ -5,6 +5,7 @@ The contract suites (test_store_contract.py, test_lease_contract.py) run on it t
 from __future__ import annotations
 
 import functools
+import itertools
 import multiprocessing
 import os
 import subprocess
@@ -23,7 +24,7 @@ from idmint.ids import ID_MAX
 from idmint.stores import open_engine
 from idmint.stores.cassandra import parse_url
 
-from checks import assert_unique, assert_within
+from checks import assert_unique, assert_within, run_threads
 from server_cassandra import CassandraServer
 from servers import wait_until
 
@@ -217,10 +218,12 @@ def test_closing_is_once_and_safe_to_repeat(cassandra_server: CassandraServer) -
 # -- a node killed, restarted, paused ------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def private_server() -> Iterator[CassandraServer]:
-    """A node of its own: killing or pausing it must not touch the other tests' node."""
-    server = CassandraServer()
+    """A node of its own: killing or pausing it must not touch the other tests' node. Its Paxos
+    rounds give up after 20 ms of contention (1 s by default), so that concurrent writers get
+    the WriteTimeouts whose outcome is unknown."""
+    server = CassandraServer(settings={"cas_contention_timeout_in_ms": 20})
     server.start()
     yield server
     server.resume()
@@ -311,6 +314,50 @@ def test_a_killed_then_paused_node(private_server: CassandraServer) -> None:
     assert ranges.allocate("k").range.start >= 31
     for each in (engine, newcomer, late):
         each.close()
+
+
+def test_swaps_that_timed_out_answer_exactly(private_server: CassandraServer) -> None:
+    # Writers on one cell, each appending its own number when its swap succeeds: under this
+    # node's contention timeout many swaps end in a WriteTimeout, which the store resolves with
+    # a Paxos read. Every True must be in the cell once, every False absent. (On one node such
+    # a write was never applied: a store answering True for it fails here, one answering False
+    # blindly would not.)
+    private_server.resume()
+    private_server.start()  # as the test before may have left it
+    engine = open_engine(private_server.store_url("contention"), timeout=5.0)
+    cas = engine.cas()
+    assert cas.create("cell", "")
+    numbers = itertools.count()
+    answers: dict[int, bool | None] = {}
+
+    def write() -> None:
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            try:
+                cell = cas.read("cell")
+            except StoreUnavailable:  # a Paxos read can time out under contention too
+                continue
+            assert cell is not None
+            value, version = cell
+            number = next(numbers)
+            try:
+                answers[number] = cas.swap("cell", version, f"{value},{number}")
+            except StoreUnavailable:  # unknown: it may or may not be in the cell
+                answers[number] = None
+
+    run_threads(write, 12)
+    got = cas.read("cell")
+    assert got is not None
+    written = [int(n) for n in got[0].split(",") if n]
+    assert assert_unique(written) == len(written)
+    wrong = [
+        n
+        for n, answer in answers.items()
+        if (answer is True and n not in written) or (answer is False and n in written)
+    ]
+    assert not wrong, f"{len(wrong)} swaps answered wrongly, e.g. {wrong[:5]}"
+    assert sum(1 for a in answers.values() if a) >= 10
+    engine.close()
 
 
 # -- processes and forks on one key --------------------------------------------------------------

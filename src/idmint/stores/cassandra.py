@@ -271,7 +271,8 @@ def _import_driver() -> _Driver:
 
 
 class _Unsure(StoreUnavailable):
-    """A write that timed out: it may have been applied, or may be yet."""
+    """A write the coordinator reported as timed out (WriteTimeout): it may have been applied,
+    or may be yet. The node answered, so a Paxos read can tell."""
 
 
 class _Connection(ForkAware):
@@ -525,7 +526,8 @@ class _Connection(ForkAware):
         raise self.error(exc) from None
 
     def error(self, exc: BaseException) -> StoreUnavailable:
-        """The StoreUnavailable (or _Unsure, for a write that timed out) a driver error means."""
+        """The StoreUnavailable (or _Unsure, for a write the coordinator reported as timed out)
+        a driver error means."""
         name = type(exc).__name__
         text = " ".join(str(exc).split())[:400]
         unsure = False
@@ -536,7 +538,8 @@ class _Connection(ForkAware):
             else:
                 text = f"a write timed out; it may have been applied ({text})"
         elif isinstance(exc, self._driver.timed_out):
-            unsure = True  # a write may have reached the coordinator
+            # A write may have been applied too, but a node that did not answer would not
+            # answer the read that tells: the caller reads again later (within one timeout).
             text = f"no answer within {self.timeout:g} s"
         kind = _Unsure if unsure else StoreUnavailable
         return kind(f"store {self.display_url} unavailable: {name}: {scrub(text, self._url)}")
