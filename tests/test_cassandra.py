@@ -158,6 +158,7 @@ def test_the_keyspace_is_made_on_first_use_as_the_url_says(
         "idmint_cells",
         "idmint_leases",
         "idmint_meta",
+        "idmint_worker_ids",
     ]
     engine.close()
     plain = cassandra_server.store_url(f"simple_{os.getpid()}")

@@ -18,18 +18,20 @@ Tables, in the keyspace, made on first use and by `init()`:
 
     idmint_cells  (name text PRIMARY KEY, value text, version bigint)
     idmint_leases (namespace text, worker_id int, owner text, host text, horizon bigint,
-                   reserved boolean, lease text, PRIMARY KEY (namespace, worker_id))
+                   reserved boolean, lease text, PRIMARY KEY ((namespace, worker_id)))
+    idmint_worker_ids (namespace text, worker_id int, PRIMARY KEY (namespace, worker_id))
     idmint_meta   (name text PRIMARY KEY, id text, created_ms bigint)
 
 Every write is a lightweight transaction, never a plain write: Cassandra's Paxos is linearizable
 only among writes that all go through it. A cell's version is a random 62-bit token, new on every
 write, so after a timed-out write one Paxos read tells whether it was ours.
 
-A namespace's worker ids are the rows of one partition, so acquiring one is a conditional batch
-on that partition. A lease is two columns: `owner` (no TTL: who took the id last) and `lease`
-(the owner again, written with a TTL, so Cassandra's clock judges expiry: an id is free while
-`lease` is null). The horizon has no TTL and only moves up; it is changed only in the same Paxos
-round that checks the owner.
+Each worker id of a namespace is a partition of its own, so holders renewing different ids never
+contend (every lightweight transaction on one partition is one Paxos instance); the ids a
+namespace has used are listed in one partition of `idmint_worker_ids`, written once per id. A
+lease is two columns: `owner` (no TTL: who took the id last) and `lease` (the owner again, written
+with a TTL, so Cassandra's clock judges expiry: an id is free while `lease` is null). The horizon
+has no TTL and only moves up; it is changed only in the Paxos round that checks the owner.
 
 The store's clock that a lease reports is `now()` on the coordinator that answered a read.
 """
@@ -82,7 +84,7 @@ CONSISTENCIES = (
 PROTOCOLS = (3, 4, 5)
 SCHEMA_TIMEOUT = 10.0  # seconds for DDL and schema agreement: done once per keyspace
 ATTEMPTS = 100  # rounds of acquire or renew lost to other writers in a row
-SCAN_PAGE = 1000
+SCAN_CHUNK = 100  # worker ids read in one request (IN on the partition key)
 _UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 in the 100 ns units of a version-1 UUID
 _KEYSPACE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 _DC = re.compile(r"[A-Za-z0-9_.-]+")
@@ -290,9 +292,10 @@ class _Connection(ForkAware):
         self._url = url
         self._driver = driver
         ks = settings.keyspace
-        self.cells, self.leases, self.meta = (
+        self.cells, self.leases, self.worker_ids, self.meta = (
             f"{ks}.idmint_cells",
             f"{ks}.idmint_leases",
+            f"{ks}.idmint_worker_ids",
             f"{ks}.idmint_meta",
         )
         levels = driver.consistency
@@ -415,7 +418,7 @@ class _Connection(ForkAware):
         schema has them all; each waits for the nodes to agree on the schema."""
         s = self.settings
         keyspace = cluster.metadata.keyspaces.get(s.keyspace)
-        tables = ("idmint_cells", "idmint_leases", "idmint_meta")
+        tables = ("idmint_cells", "idmint_leases", "idmint_worker_ids", "idmint_meta")
         if not force and keyspace is not None and all(t in keyspace.tables for t in tables):
             return
         statements = [
@@ -424,7 +427,9 @@ class _Connection(ForkAware):
             "(name text PRIMARY KEY, value text, version bigint)",
             f"CREATE TABLE IF NOT EXISTS {self.leases} (namespace text, worker_id int, "
             "owner text, host text, horizon bigint, reserved boolean, lease text, "
-            "PRIMARY KEY (namespace, worker_id))",
+            "PRIMARY KEY ((namespace, worker_id)))",
+            f"CREATE TABLE IF NOT EXISTS {self.worker_ids} "
+            "(namespace text, worker_id int, PRIMARY KEY (namespace, worker_id))",
             f"CREATE TABLE IF NOT EXISTS {self.meta} "
             "(name text PRIMARY KEY, id text, created_ms bigint)",
         ]
@@ -699,10 +704,15 @@ class CassandraLeaseStore(_Capability):
         super().__init__(conn)
         t = conn.leases
         key = "WHERE namespace = ? AND worker_id = ?"
+        self._used = f"SELECT worker_id FROM {conn.worker_ids} WHERE namespace = ?"
+        self._use = (
+            f"INSERT INTO {conn.worker_ids} (namespace, worker_id) VALUES (?, ?) IF NOT EXISTS"
+        )
         self._scan = (
             f"SELECT worker_id, owner, host, horizon, reserved, lease, TTL(lease) AS lease_ttl "
-            f"FROM {t} WHERE namespace = ?"
+            f"FROM {t} WHERE namespace = ? AND worker_id IN ?"
         )
+        self._holder = f"SELECT lease FROM {t} {key}"
         # A free row (no live lease) still as it was read; for a lease, not reserved either.
         self._take_checked = (
             f"UPDATE {t} USING TTL ? SET lease = ? {key} IF lease = null AND horizon = ?"
@@ -723,10 +733,22 @@ class CassandraLeaseStore(_Capability):
         self._unreserve = f"UPDATE {t} SET reserved = false {key} IF reserved = true"
         self._meta_now = f"SELECT id, now() FROM {conn.meta} WHERE name = ?"
 
-    def _rows(self, namespace: str) -> dict[int, dict[str, Any]]:
+    def _rows(self, namespace: str) -> tuple[set[int], dict[int, dict[str, Any]]]:
+        """The worker ids the namespace has used (a Paxos read of their list), and their rows.
+
+        The rows are read at the URL's consistency, not by Paxos (they are partitions of their
+        own): a row just changed may show as it was, which the conditional write that takes
+        it finds out."""
         conn = self._open()
-        rows = conn.run(self._scan, (namespace,), consistency=conn.serial)
-        return {int(r["worker_id"]): r for r in rows}
+        used = {
+            int(r["worker_id"]) for r in conn.run(self._used, (namespace,), consistency=conn.serial)
+        }
+        rows: dict[int, dict[str, Any]] = {}
+        ordered = sorted(used)
+        for start in range(0, len(ordered), SCAN_CHUNK):
+            for row in conn.run(self._scan, (namespace, ordered[start : start + SCAN_CHUNK])):
+                rows[int(row["worker_id"])] = row
+        return used, rows
 
     def acquire(
         self,
@@ -745,12 +767,14 @@ class CassandraLeaseStore(_Capability):
         identity = _identity(conn, create=True)
         unsure: _Attempt | None = None
         for attempt in range(ATTEMPTS):
-            rows = self._rows(namespace)
             if unsure is not None:
-                row = rows.get(unsure.worker_id)
-                if row is not None and row.get("lease") == owner:  # it was applied after all
+                held = conn.run(
+                    self._holder, (namespace, unsure.worker_id), consistency=conn.serial
+                )
+                if held and held[0]["lease"] == owner:  # it was applied after all
                     return self._lease(namespace, unsure, owner, ttl, identity, claim)
                 unsure = None
+            used, rows = self._rows(namespace)
             if claim is None:
                 candidates = (
                     w
@@ -772,6 +796,14 @@ class CassandraLeaseStore(_Capability):
             reserve = claim is not None
             key = (namespace, chosen)
             if row is None:
+                if chosen not in used:
+                    # Listed first, so that a row never exists unlisted (`holders` and this
+                    # read find worker ids by the list); a listed id without a row is new.
+                    try:
+                        conn.lwt([(self._use, key)])
+                    except _Unsure:  # the next round's read of the list tells
+                        _back_off(attempt)
+                        continue
                 statements = [
                     (self._new, (*key, owner, host, taking.horizon, reserve)),
                     (self._new_lease, (kept, owner, *key)),
@@ -871,7 +903,7 @@ class CassandraLeaseStore(_Capability):
                 int(row.get("horizon") or 0),
                 static=bool(row.get("reserved")),
             )
-            for worker_id, row in sorted(self._rows(namespace).items())
+            for worker_id, row in sorted(self._rows(namespace)[1].items())
         ]
 
     def unreserve(self, namespace: str, worker_id: int) -> bool:
