@@ -595,10 +595,14 @@ class _Capability:
 
 
 def _identity(conn: _Connection, *, create: bool) -> StoreIdentity | None:
-    """The store's identity (a Paxos read), made if it is missing and `create`: a UUID and the
-    coordinator's clock when it was made."""
+    """The store's identity, made if it is missing and `create`: a UUID and the coordinator's
+    clock when it was made.
+
+    Not a Paxos read: every acquire reads it, and Paxos reads of one partition contend with each
+    other. A row written once by a lightweight transaction is seen by a quorum read once it is
+    committed; one still in progress is completed by the `IF NOT EXISTS` that finds it."""
     read = f"SELECT id, created_ms FROM {conn.meta} WHERE name = ?"
-    rows = conn.run(read, ("store",), consistency=conn.serial)
+    rows = conn.run(read, ("store",))
     if rows:
         return StoreIdentity(str(rows[0]["id"]), int(rows[0]["created_ms"]))
     if not create:
@@ -734,15 +738,14 @@ class CassandraLeaseStore(_Capability):
         self._meta_now = f"SELECT id, now() FROM {conn.meta} WHERE name = ?"
 
     def _rows(self, namespace: str) -> tuple[set[int], dict[int, dict[str, Any]]]:
-        """The worker ids the namespace has used (a Paxos read of their list), and their rows.
+        """The worker ids the namespace has used, and their rows.
 
-        The rows are read at the URL's consistency, not by Paxos (they are partitions of their
-        own): a row just changed may show as it was, which the conditional write that takes
-        it finds out."""
+        Read at the URL's consistency, not by Paxos (whose reads of one partition contend with
+        each other, and the rows are partitions of their own): a row just changed may show as it
+        was, and an id just listed may be missing, which the conditional writes that take a
+        row or list an id find out."""
         conn = self._open()
-        used = {
-            int(r["worker_id"]) for r in conn.run(self._used, (namespace,), consistency=conn.serial)
-        }
+        used = {int(r["worker_id"]) for r in conn.run(self._used, (namespace,))}
         rows: dict[int, dict[str, Any]] = {}
         ordered = sorted(used)
         for start in range(0, len(ordered), SCAN_CHUNK):
