@@ -252,6 +252,9 @@ def _import_driver() -> _Driver:
         raise DriverMissing(
             "cassandra:// stores need the DataStax driver: pip install 'idmint[cassandra]'"
         ) from None
+    except Exception as exc:  # DependencyException: no event loop it can use (libev, asyncore)
+        why = " ".join(str(exc).split())[:300]
+        raise DriverMissing(f"the DataStax driver for cassandra:// cannot load: {why}") from None
     return _Driver(
         cluster=cassandra.cluster,
         policies=cassandra.policies,
@@ -694,7 +697,7 @@ def _is_free(row: dict[str, Any] | None) -> bool:
 
 @dataclass
 class _Attempt:
-    """An acquire's write whose outcome is unknown: found by its owner on the next read."""
+    """The worker id an acquire tries to take, the floor it read and the horizon it writes."""
 
     worker_id: int
     floor: int
