@@ -1,6 +1,7 @@
 """What is Cassandra's own: its URL, the keyspace it makes, a node killed and paused under a
-connected store, a keyspace dropped behind the store's back, processes and forks sharing one key.
-The contract suites (test_store_contract.py, test_lease_contract.py) run on it too."""
+connected store, swaps whose Paxos rounds timed out, a keyspace dropped behind the store's back,
+processes and forks sharing one key. The contract suites (test_store_contract.py,
+test_lease_contract.py) run on it too."""
 
 from __future__ import annotations
 
