@@ -393,6 +393,13 @@ def _child_ids(_: int) -> tuple[int, list[int]]:
     return os.getpid(), list(PARENT["minter"].take("forked", 7))
 
 
+def _child_version(queue: Any) -> None:
+    cas = PARENT["cas"]
+    cell = f"child{os.getpid()}"
+    cas.create(cell, "x")
+    queue.put(cas.read(cell)[1])
+
+
 def test_forked_children_connect_anew(cassandra_server: CassandraServer) -> None:
     minter = idmint.connect(cassandra_server.store_url(f"fork_{os.getpid()}"))
     minter.add_key("forked", step=100)
@@ -408,3 +415,23 @@ def test_forked_children_connect_anew(cassandra_server: CassandraServer) -> None
     finally:
         PARENT.clear()
         minter.close()
+
+
+def test_forked_children_write_versions_of_their_own(cassandra_server: CassandraServer) -> None:
+    # A cell's version is a random token: children must not draw their parent's sequence (two
+    # of them writing the same "new" version would each take the other's write for its own).
+    engine = open_engine(cassandra_server.store_url(f"forkver_{os.getpid()}"))
+    PARENT["cas"] = engine.cas()
+    PARENT["cas"].create("parent", "x")
+    queue = FORK.Queue()
+    children = [FORK.Process(target=_child_version, args=(queue,)) for _ in range(3)]
+    try:
+        for child in children:
+            child.start()
+        versions = [queue.get(timeout=60) for _ in children]
+        assert len(set(versions)) == len(children), versions
+    finally:
+        for child in children:
+            child.join(30)
+        PARENT.clear()
+        engine.close()

@@ -90,7 +90,9 @@ _KEYSPACE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 _DC = re.compile(r"[A-Za-z0-9_.-]+")
 _HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+")
 _MISSING_SCHEMA = re.compile(r"unconfigured (columnfamily|table)|keyspace .*does not exist", re.I)
-_jitter = random.Random()  # our own: leaves the global generator's sequence to the application
+# From the OS, not a seeded generator: a forked child would repeat its parent's sequence, and two
+# processes writing the same "new" version of a cell would each take the other's for its own.
+_random = random.SystemRandom()
 
 
 # -- the URL -------------------------------------------------------------------------------------
@@ -562,8 +564,8 @@ def _uuid_ms(value: uuid.UUID) -> int:
 
 def _token() -> int:
     """A cell's new version: random, so that a write that timed out can be told apart from
-    every other writer's by reading it back."""
-    return _jitter.getrandbits(62) + 1
+    every other writer's by reading it back, and a version never comes back (no ABA)."""
+    return _random.getrandbits(62) + 1
 
 
 class _Capability:
@@ -919,7 +921,7 @@ class CassandraLeaseStore(_Capability):
 def _back_off(attempt: int) -> None:
     """A random wait after a lost round, longer with each: writers that collided spread out
     rather than collide again (every round on a namespace is one Paxos instance)."""
-    time.sleep(_jitter.uniform(0, 0.002 * min(attempt + 1, 25)))
+    time.sleep(_random.uniform(0, 0.002 * min(attempt + 1, 25)))
 
 
 # -- the engine ----------------------------------------------------------------------------------
