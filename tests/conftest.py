@@ -16,14 +16,20 @@ from http_server import ServerProcess
 from servers import MariaDBServer, PostgresServer
 
 # In CI every server must be there: a missing one is a failure, never a skip.
-STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
+ENGINES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper", "cassandra")
+STORES = ENGINES  # every engine keeps segment keys
 # Those other processes can reach.
-SHARED_STORES = ("sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
+SHARED_STORES = ENGINES[1:]
 SHARED_SQL_STORES = ("sqlite", "postgres", "mariadb")  # for tests of the SQL schema itself
-LEASE_STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
-CAS_STORES = LEASE_STORES  # every engine keeps compare-and-set cells
+LEASE_STORES = ENGINES
+CAS_STORES = ENGINES  # every engine keeps compare-and-set cells
 SHARED_LEASE_STORES = LEASE_STORES[1:]  # all but memory: those other processes can reach
-KV_SERVERS = {"redis": "RedisServer", "etcd": "EtcdServer", "zookeeper": "ZooKeeperServer"}
+KV_SERVERS = {
+    "redis": "RedisServer",
+    "etcd": "EtcdServer",
+    "zookeeper": "ZooKeeperServer",
+    "cassandra": "CassandraServer",
+}
 
 _db_numbers = itertools.count(1)
 
@@ -125,3 +131,8 @@ def etcd_server() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def zookeeper_server() -> Iterator[Any]:
     yield from _kv_server("zookeeper")
+
+
+@pytest.fixture(scope="session")
+def cassandra_server() -> Iterator[Any]:
+    yield from _kv_server("cassandra")

@@ -168,6 +168,9 @@ WEIRD = "Zq7#s3?cr:3t@Pw9"  # unencoded # ? : @ in the userinfo: libpq reads it 
         f"redis://app:{SECRET}/x@127.0.0.1:1/0",
         f"redis://:{SECRET}@127.0.0.1:1/0?prefix=p",
         f"etcd://127.0.0.1:x?token={SECRET}",
+        f"cassandra://app:{SECRET}@127.0.0.1:1/k",
+        f"cassandra://app:{SECRET}/x@127.0.0.1:1/k",
+        f"cassandra://app:{SECRET}@127.0.0.1:1/k?serial=none",
         f"sqlite://app:{SECRET}@h/x",
         f"host=127.0.0.1 password={SECRET}",
     ],
@@ -279,6 +282,7 @@ def test_a_store_object_shows_no_secret() -> None:
         f"postgresql://app:{SECRET}@127.0.0.1:1/app?sslpassword={SECRET}",
         f"mysql://app:{SECRET}@127.0.0.1:1/app",
         f"sqlite:///app.db?password={SECRET}",
+        f"cassandra://app:{SECRET}@127.0.0.1:1/k",
     ):
         for store in (open_store(url), open_lease_store(url)):
             assert SECRET not in repr(store) + repr(vars(store)) + store.display_url
