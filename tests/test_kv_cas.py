@@ -88,6 +88,7 @@ def test_redis_says_nothing_when_config_get_is_refused(
 
 def test_weak_persistence_settings() -> None:
     assert weak_persistence({"appendonly": "yes", "appendfsync": "always"}) is None
+    assert weak_persistence({}) is None  # no answer about persistence: no opinion
     assert weak_persistence({"appendonly": "no", "appendfsync": "always"}) == "appendonly no"
     assert weak_persistence({"appendonly": "yes", "appendfsync": "everysec"}) == (
         "appendfsync everysec"

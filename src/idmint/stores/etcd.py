@@ -1,4 +1,5 @@
-"""Worker-id leases on etcd, through its v3 JSON gateway (plain HTTP, httpx).
+"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on etcd,
+through its v3 JSON gateway (plain HTTP, httpx), one client for both.
 
 Keys, under the URL's prefix (default "idmint"), with the namespace percent-encoded:
 
@@ -8,6 +9,7 @@ Keys, under the URL's prefix (default "idmint"), with the namespace percent-enco
                                          and only moves up
     {prefix}/s/{namespace}/{worker_id}   present while the id is reserved for static holders
     {prefix}/meta                        the store's identity: {"id": UUID, "created_ms": ...}
+    {prefix}/c/{key}                     a compare-and-set cell (see EtcdCasStore)
 
 URL: etcd://host:port[,host2:port2...][/prefix]. Endpoints are tried in turn when one cannot
 be connected to.

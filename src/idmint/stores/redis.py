@@ -1,6 +1,7 @@
-"""Worker-id leases on Redis: `redis://[[user]:password@]host[:port][/db][?prefix=STR]`.
+"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on Redis:
+`redis://[[user]:password@]host[:port][/db][?prefix=STR]`.
 
-Per (namespace, worker id) two keys, both under the URL's prefix (default "idmint"):
+Leases: per (namespace, worker id) two keys, both under the URL's prefix (default "idmint"):
 
     {prefix}:w:{namespace}:{id}   the live lease: the owner string, with a server-side TTL (PX),
                                   so expiry is judged by Redis's clock and nobody else's
@@ -13,8 +14,12 @@ Every multi-step operation is one Lua script, so it is atomic on the server. The
 build key names from their arguments (acquire does not know beforehand which id it will
 take), which is fine on a single Redis or a replicated one, but not on Redis Cluster.
 
+Cells: `{prefix}:c:{key}` and the index `{prefix}:cells` (see RedisCasStore). The store's
+identity, `{prefix}:meta`, is one for both.
+
 Durability is the server's: with `appendonly yes` and `appendfsync always` a recorded horizon
-survives a crash; with weaker settings a crash can lose the last horizon raise.
+and a swapped cell survive a crash; with weaker settings a crash can lose the last horizon
+raise (caught at the next renewal) or the last swaps (ids handed out again: see docs/stores.md).
 """
 
 from __future__ import annotations
@@ -378,13 +383,14 @@ class _RedisErrors:
     any: type[Exception]  # RedisError: every failure of the store
     broken: type[Exception]  # ConnectionError: the connection broke, or could not be made
     timeout: type[Exception]  # TimeoutError: no answer within the socket timeout
-    refused: type[Exception]  # ResponseError: the server answered with an error
 
 
 def weak_persistence(config: dict[str, str]) -> str | None:
     """What in a Redis server's CONFIG GET answer can lose a write it already confirmed (a
     crash then forgets a swap that answered True, and the ranges after it are handed out
     again); None when it fsyncs every write before answering."""
+    if "appendonly" not in config:  # not an answer about persistence (a proxy?): no opinion
+        return None
     problems = []
     if config.get("appendonly") != "yes":
         problems.append(f"appendonly {config.get('appendonly', '?')}")
@@ -440,7 +446,7 @@ class RedisCasStore:
             try:
                 return op()
             except errors.broken as exc:
-                if attempt == 1 and idempotent and not isinstance(exc, errors.timeout):
+                if attempt == 1 and idempotent:
                     continue
                 raise self._unavailable(exc) from exc
             except errors.any as exc:
@@ -478,8 +484,9 @@ class RedisCasStore:
         )
 
     def init(self) -> None:
-        """Nothing to create (cells are made by `create`); looks at the persistence settings."""
-        self._call(self._client.ping, idempotent=True)
+        """Nothing to create (cells are made by `create`): makes the store's identity, and
+        looks at the persistence settings."""
+        self.identity()
         self._check_persistence()
 
     def identity(self) -> StoreIdentity | None:
@@ -616,7 +623,6 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
         any=redis.exceptions.RedisError,
         broken=redis.exceptions.ConnectionError,
         timeout=redis.exceptions.TimeoutError,
-        refused=redis.exceptions.ResponseError,
     )
 
     def leases(_: Engine) -> RedisLeaseStore:

@@ -1,4 +1,5 @@
-"""Worker-id leases on ZooKeeper: `zk://host:port[,host:port...]/chroot` (chroot: /idmint).
+"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on
+ZooKeeper: `zk://host:port[,host:port...]/chroot` (chroot: /idmint).
 
 Worker ids as Leaf does them with ZooKeeper, but fenced. Under the chroot:
 
@@ -10,6 +11,7 @@ Worker ids as Leaf does them with ZooKeeper, but fenced. Under the chroot:
   leases, only moves up (compare-and-set on its version), and names the holder that last moved
   it: a holder whose id has been taken over can never raise it again, and a new holder reads
   its floor after its lease node exists, so after the old session ended.
+- `c/{key percent-encoded}`, a compare-and-set cell: a PERSISTENT node (see ZooKeeperCasStore).
 
 ZooKeeper sessions belong to clients, while every lease has its own ttl. So every lease gets its
 own KazooClient, whose session timeout is the lease's ttl as the server negotiates it (clamped
@@ -19,8 +21,9 @@ its leases when their sessions expire. A live process that stops renewing loses 
 the other stores: a timer closes a lease's session when `renew` has not been called for ttl
 seconds, which deletes the lease node at once. A lease whose session ended is lost for good:
 renew raises LeaseLost even if nobody has taken the id since. A lease's ttl is the shorter of
-the ttl asked for and the negotiated session timeout. `close` stops only the store's
-shared client; open leases keep their sessions until released or until their ttl runs out.
+the ttl asked for and the negotiated session timeout. `close` stops only the engine's
+shared session (the cells' and the lease store's reads); open leases keep their sessions until
+released or until their ttl runs out.
 
 The store's clock that a lease reports is the horizon node's mtime after a write: the time the
 ZooKeeper leader gave that write.
