@@ -81,8 +81,9 @@ def test_contending_generators_spread_over_the_stripes(store_url: str) -> None:
     # Over the engine's cells: on SQL engines the keys table (engine.ranges()) takes ranges
     # with row locks, not compare-and-set.
     CasRangeStore(engine.cas()).add_key("hot", step=1, first_id=0, last_id=10**9, stripes=4)
-    options = SegmentOptions(max_step=1, preload_at=1.0)
+    options = SegmentOptions(max_step=1, preload_at=1.0, wait=30.0)  # 8 new sessions at once
     stripes_used: Counter[int] = Counter()
+    errors: list[Exception] = []
     conflicts = []
     got: list[int] = []
     lock = threading.Lock()
@@ -93,6 +94,10 @@ def test_contending_generators_spread_over_the_stripes(store_url: str) -> None:
         try:
             ids = [gen.next_id() for _ in range(40)]
             stats = gen.stats()
+        except Exception as exc:
+            with lock:
+                errors.append(exc)
+            raise
         finally:
             gen.close()
             own.close()
@@ -105,6 +110,7 @@ def test_contending_generators_spread_over_the_stripes(store_url: str) -> None:
         run_threads(client, 8)
     finally:
         engine.close()
+    assert not errors, errors[:3]
     assert_unique(got)
     assert set(stripes_used) == {0, 1, 2, 3}, stripes_used
     # No stripe carries most of the load: a generator that stayed put on a contended stripe
