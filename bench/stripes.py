@@ -30,8 +30,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_servers import started_servers
-
 from idmint import SegmentGenerator, SegmentOptions
 from idmint.stores import open_engine
 from idmint.stores.base import RangeStore
@@ -149,6 +147,9 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         urls = list(args.store)
         if args.test_servers:
+            # Here, not at the top: the spawned clients re-import this module without it.
+            from bench_servers import started_servers
+
             tmp = stack.enter_context(tempfile.TemporaryDirectory())
             urls.append(f"sqlite:///{Path(tmp) / 'bench.db'}")
             urls += stack.enter_context(started_servers("bench_stripes"))
