@@ -21,9 +21,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from bench_servers import started_servers
 
 from idmint.layout import TWITTER
 from idmint.stores import open_lease_store
@@ -68,30 +69,6 @@ def acquire_ms(url: str, rounds: int) -> float:
     return statistics.median(samples)
 
 
-@contextlib.contextmanager
-def test_servers() -> Iterator[list[str]]:
-    """Start the test suite's PostgreSQL, MariaDB, Redis, etcd and ZooKeeper (tests/), from the
-    installed binaries, and yield a fresh lease-store URL on each; stop them afterwards."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from server_etcd import EtcdServer
-    from server_redis import RedisServer
-    from server_zookeeper import ZooKeeperServer
-
-    from servers import MariaDBServer, PostgresServer
-
-    with contextlib.ExitStack() as stack:
-        urls = []
-        for sql in (PostgresServer(), MariaDBServer()):
-            sql.start()
-            stack.callback(sql.close)
-            urls.append(sql.create_database("bench_snowflake"))
-        for kv in (RedisServer(), EtcdServer(), ZooKeeperServer()):
-            kv.start()
-            stack.callback(kv.close)
-            urls.append(kv.store_url("bench_snowflake"))
-        yield urls
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -106,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         if args.test_servers:
-            args.store += stack.enter_context(test_servers())
+            args.store += stack.enter_context(started_servers("bench_snowflake"))
         result = run(args)
     if args.json:
         print(json.dumps(result))

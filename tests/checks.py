@@ -26,13 +26,20 @@ def assert_within(ids: Iterable[int], first: int, last: int) -> None:
 
 
 def assert_disjoint(ranges: Iterable[Range], parent: Range | None = None) -> None:
-    """Ranges pairwise disjoint and, given a parent, inside it."""
-    ordered = sorted((r for r in ranges if len(r)), key=lambda r: r.start)
-    for a, b in itertools.pairwise(ordered):
-        assert a.stop <= b.start, f"ranges overlap: {a} and {b}"
-    if parent is not None and ordered:
-        assert parent.start <= ordered[0].start, f"{ordered[0]} starts below {parent}"
-        assert ordered[-1].stop <= parent.stop, f"{ordered[-1]} ends above {parent}"
+    """Ranges pairwise disjoint and, given a parent, inside it. Strided ranges (stripes)
+    are disjoint within their stripe; stripes never share an id."""
+    stripes: dict[tuple[int, int], list[Range]] = {}
+    for r in ranges:
+        if len(r):
+            stripes.setdefault((r.stride, r.start % r.stride), []).append(r)
+    assert len({stride for stride, _ in stripes}) <= 1, f"mixed strides: {sorted(stripes)}"
+    for group in stripes.values():
+        ordered = sorted(group, key=lambda r: r.start)
+        for a, b in itertools.pairwise(ordered):
+            assert a.stop <= b.start, f"ranges overlap: {a} and {b}"
+        if parent is not None and ordered:
+            assert parent.start <= ordered[0].start, f"{ordered[0]} starts below {parent}"
+            assert ordered[-1].last < parent.stop, f"{ordered[-1]} ends above {parent}"
 
 
 def assert_increasing(ids: list[int]) -> None:

@@ -16,18 +16,13 @@ from http_server import ServerProcess
 from servers import MariaDBServer, PostgresServer
 
 # In CI every server must be there: a missing one is a failure, never a skip.
-STORES = ("memory", "sqlite", "postgres", "mariadb", "cassandra")
-SHARED_STORES = ("sqlite", "postgres", "mariadb")  # those other processes can reach
-LEASE_STORES = (
-    "memory",
-    "sqlite",
-    "postgres",
-    "mariadb",
-    "redis",
-    "etcd",
-    "zookeeper",
-    "cassandra",
-)
+ENGINES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper", "cassandra")
+STORES = ENGINES  # every engine keeps segment keys
+# Those other processes can reach.
+SHARED_STORES = ENGINES[1:]
+SHARED_SQL_STORES = ("sqlite", "postgres", "mariadb")  # for tests of the SQL schema itself
+LEASE_STORES = ENGINES
+CAS_STORES = ENGINES  # every engine keeps compare-and-set cells
 SHARED_LEASE_STORES = LEASE_STORES[1:]  # all but memory: those other processes can reach
 KV_SERVERS = {
     "redis": "RedisServer",
@@ -89,9 +84,21 @@ def shared_lease_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> st
     return fresh_store_url(request.param, request, tmp_path)
 
 
+@pytest.fixture(params=CAS_STORES)
+def cas_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty store of every engine, in turn, for its compare-and-set cells."""
+    return fresh_store_url(request.param, request, tmp_path)
+
+
 @pytest.fixture(params=SHARED_STORES)
 def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty store of every kind that several processes can share, in turn."""
+    return fresh_store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=SHARED_SQL_STORES)
+def shared_sql_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty SQL store of every kind that several processes can share, in turn."""
     return fresh_store_url(request.param, request, tmp_path)
 
 

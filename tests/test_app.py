@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -11,6 +13,8 @@ import pytest
 from idmint import InvalidArgument
 from idmint.server import App, ServerConfig
 from idmint.server.config import read_config_file
+
+from checks import run_threads
 
 
 def call(
@@ -226,3 +230,206 @@ def test_ids_handed_per_route(app: App) -> None:
     assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ids"} 7\n' in metrics
     assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ranges"} 30\n' in metrics
     assert 'idmint_ids_handed_total{route="/v1/snowflake/ids"} 0\n' in metrics
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def any_app(request: pytest.FixtureRequest, tmp_path: Path) -> App:
+    """The app on SQLite (row locks) and on the memory store (ranges over compare-and-set)."""
+    store = (
+        f"sqlite:///{tmp_path / 'striped.db'}"
+        if request.param == "sqlite"
+        else f"memory://app-{tmp_path.name}"
+    )
+    return App(ServerConfig(store=store, admin_loopback=True))
+
+
+def one_line(response: httpx.Response) -> bool:
+    return response.text.endswith("\n") and response.text.count("\n") == 1
+
+
+def test_striped_keys_over_http(any_app: App) -> None:
+    app = any_app
+    made = call(app, "POST", "/v1/keys", json={"name": "order", "start": 100, "stripes": 5})
+    assert made.status_code == 201, made.text
+    shown = made.json()
+    assert (shown["stripes"], shown["stripe_next"]) == (5, [100, 101, 102, 103, 104])
+    assert shown["max"] == 2**63 - 6  # the highest a key with 5 stripes may have
+    assert call(app, "GET", "/v1/keys/order").json()["stripes"] == 5
+    assert [k["stripes"] for k in call(app, "GET", "/v1/keys").json()["keys"]] == [5]
+    taken = call(app, "POST", "/v1/keys/order/ranges?size=3&stripe=2").json()
+    assert taken == {
+        "key": "order",
+        "start": 102,
+        "stop": 117,
+        "stride": 5,
+        "stripe": 2,
+        "stripes": 5,
+        "step": 1000,
+        "batch_cap": 100_000,
+        "conflicts": 0,
+    }
+    again = call(app, "POST", "/v1/keys/order/ranges?size=3&stripe=2").json()
+    assert (again["start"], again["stop"]) == (117, 132)
+    chosen = call(app, "POST", "/v1/keys/order/ranges?size=4").json()  # the store's choice
+    assert chosen["stride"] == 5 and chosen["start"] % 5 == chosen["stripe"]
+    expected = [100, 101, 132, 103, 104]
+    expected[chosen["stripe"]] = chosen["stop"]
+    assert call(app, "GET", "/v1/keys/order").json()["stripe_next"] == expected
+    # A plain key's ranges have stride 1 and stripe 0 of 1.
+    call(app, "POST", "/v1/keys", json={"name": "plain", "start": 7})
+    plain = call(app, "POST", "/v1/keys/plain/ranges?size=2").json()
+    assert (plain["start"], plain["stop"], plain["stride"], plain["stripe"]) == (7, 9, 1, 0)
+    assert call(app, "POST", "/v1/keys/plain/ranges?size=2&stripe=0").json()["start"] == 9
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"stripes": 0}, "stripes must be an integer from 1 to 1024, not 0"),
+        ({"stripes": 1025}, "stripes must be an integer from 1 to 1024, not 1025"),
+        ({"stripes": "5"}, "stripes must be an integer, not '5'"),
+        ({"stripes": True}, "stripes must be an integer, not True"),
+        ({"stripes": 2.5}, "stripes must be an integer, not 2.5"),
+        ({"stripes": 5, "start": 1, "max": 4}, "a key with 5 stripes needs at least 5 ids"),
+        ({"stripes": 5, "max": 2**63 - 2}, "max must be an integer from 0 to"),
+    ],
+)
+def test_bad_stripes_are_400_with_a_reason(app: App, body: dict[str, object], reason: str) -> None:
+    refused = call(app, "POST", "/v1/keys", json={"name": "s", **body})
+    assert refused.status_code == 400 and one_line(refused), refused.text
+    assert reason in refused.text
+    assert call(app, "GET", "/v1/keys/s").status_code == 404  # nothing was made
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ("stripe=3", "stripe must be an integer from 0 to 2 (the key has 3 stripes), not 3"),
+        ("stripe=1023", "not 1023"),
+        ("stripe=1024", "stripe must be an integer from 0 to 1023, not '1024'"),
+        ("stripe=-1", "not '-1'"),
+        ("stripe=x", "not 'x'"),
+        ("stripe=", "not ''"),
+        ("stripe=1.0", "not '1.0'"),
+    ],
+)
+def test_bad_stripe_is_400_with_a_reason(app: App, query: str, reason: str) -> None:
+    call(app, "POST", "/v1/keys", json={"name": "s", "stripes": 3})
+    refused = call(app, "POST", f"/v1/keys/s/ranges?{query}")
+    assert refused.status_code == 400 and one_line(refused), refused.text
+    assert reason in refused.text
+    call(app, "POST", "/v1/keys", json={"name": "p"})
+    plain = call(app, "POST", "/v1/keys/p/ranges?stripe=1")
+    assert plain.status_code == 400 and "(the key has 1 stripe)" in plain.text
+    assert call(app, "GET", "/v1/keys/s").json()["stripe_next"] == [1, 2, 3]  # nothing taken
+
+
+def test_a_stripe_row_never_replaces_the_key_row(any_app: App) -> None:
+    # An allocation on stripe k > 0 comes back with that stripe's row, which has no batch cap:
+    # the server must go on applying the key's own.
+    app = any_app
+    body = {"name": "c", "stripes": 3, "step": 10, "max_batch": 7}
+    assert call(app, "POST", "/v1/keys", json=body).status_code == 201
+    for stripe in (1, 2, 1, 0, 2):
+        taken = call(app, "POST", f"/v1/keys/c/ranges?stripe={stripe}")
+        assert taken.status_code == 200, taken.text
+        got = taken.json()
+        assert got["batch_cap"] == 7 and got["stripe"] == stripe
+        assert len(range(got["start"], got["stop"], got["stride"])) == 7  # the cap bounds it
+        over = call(app, "POST", f"/v1/keys/c/ranges?size=8&stripe={stripe}")
+        assert over.status_code == 400 and "cap of 7" in over.text, over.text
+        assert call(app, "GET", "/v1/keys/c/ids?count=8").status_code == 400
+
+
+def test_an_exhausted_stripe_says_which(any_app: App) -> None:
+    app = any_app
+    # Stripe 0: 1, 3, 5, 7, 9; stripe 1: 2, 4, 6, 8, 10.
+    made = call(app, "POST", "/v1/keys", json={"name": "t", "max": 10, "stripes": 2})
+    assert made.status_code == 201
+    last = call(app, "POST", "/v1/keys/t/ranges?stripe=1&size=9").json()
+    assert (last["start"], last["stop"], last["stride"]) == (2, 12, 2)  # shorter at its end
+    spent = call(app, "POST", "/v1/keys/t/ranges?stripe=1")
+    assert spent.status_code == 410 and one_line(spent), spent.text
+    assert "stripe 1 of key 't' is exhausted" in spent.text
+    assert spent.headers["idmint-stripe"] == "1" and spent.headers["idmint-stripes"] == "2"
+    assert spent.headers["idmint-last-id"] == "10"
+    # No stripe asked for: any stripe with ids left, whichever the store would choose.
+    for expected in ([1, 3], [5, 7], [9]):
+        taken = call(app, "POST", "/v1/keys/t/ranges?size=2").json()
+        assert list(range(taken["start"], taken["stop"], taken["stride"])) == expected
+    gone = call(app, "POST", "/v1/keys/t/ranges")
+    assert gone.status_code == 410 and one_line(gone)
+    assert "key 't' is exhausted" in gone.text and "stripe" not in gone.text
+    assert "idmint-stripe" not in gone.headers and gone.headers["idmint-last-id"] == "10"
+    assert call(app, "GET", "/v1/keys/t").json()["remaining"] == 0
+
+
+def test_the_id_routes_serve_a_striped_key(any_app: App) -> None:
+    # The server's own generator picks a stripe, moves on when it runs out, and serves every
+    # id of the key exactly once.
+    app = any_app
+    body = {"name": "s", "start": 10, "max": 129, "step": 4, "stripes": 3}
+    assert call(app, "POST", "/v1/keys", json=body).status_code == 201
+    ids = [int(call(app, "GET", "/api/segment/get/s").text) for _ in range(5)]
+    while len(ids) < 120:
+        # Never past the key's end: a batch that meets it drops the ids it drew (the
+        # generator's next_ids raises Exhausted without them).
+        answer = call(app, "GET", f"/v1/keys/s/ids?count={min(7, 120 - len(ids))}")
+        assert answer.status_code == 200, answer.text
+        ids += answer.json()["ids"]
+    assert sorted(ids) == list(range(10, 130))
+    answer = call(app, "GET", "/v1/keys/s/ids?count=7")
+    assert answer.status_code == 410 and one_line(answer), answer.text
+    assert "stripe" not in answer.text and "idmint-stripe" not in answer.headers
+    assert call(app, "GET", "/api/segment/get/s").status_code == 410
+    [stats] = call(app, "GET", "/v1/stats").json()["keys"]
+    assert stats["stripes"] == 3 and stats["generator"]["stripes"] == 3
+    assert stats["remaining"] == 0 and stats["generator"]["issued"] == 120
+
+
+def test_stripes_and_conflicts_in_metrics_and_stats(any_app: App) -> None:
+    app = any_app
+    call(app, "POST", "/v1/keys", json={"name": "s", "stripes": 3, "step": 10})
+    call(app, "POST", "/v1/keys", json={"name": "p"})
+    assert len(call(app, "GET", "/v1/keys/s/ids?count=5").json()["ids"]) == 5
+    call(app, "GET", "/api/segment/get/p")
+    stats = call(app, "GET", "/v1/stats").json()
+    striped, plain = (next(k for k in stats["keys"] if k["name"] == n) for n in ("s", "p"))
+    gen = striped["generator"]
+    assert (striped["stripes"], gen["stripes"], gen["conflicts"]) == (3, 3, 0)
+    # The stripe its next ranges come from (its first came from the store's choice).
+    assert gen["current"]["stride"] == 3 and gen["stripe"] in (0, 1, 2)
+    plain_gen = plain["generator"]
+    assert (plain["stripes"], plain_gen["stripe"], plain_gen["stripes"]) == (1, 0, 1)
+    metrics = call(app, "GET", "/metrics").text
+    assert f'idmint_segment_stripe{{key="s"}} {gen["stripe"]}\n' in metrics
+    assert 'idmint_segment_stripe{key="p"} 0\n' in metrics
+    assert 'idmint_key_stripes{key="s"} 3\n' in metrics
+    assert 'idmint_key_stripes{key="p"} 1\n' in metrics
+    assert 'idmint_segment_conflicts_total{key="s"} 0\n' in metrics
+    assert "# TYPE idmint_segment_conflicts_total counter\n" in metrics
+    counts = getattr(app.minter.store, "counts", None)
+    if counts is None:  # SQLite locks rows: no compare-and-set loops, nothing to count
+        assert stats["cas"] is None and "idmint_cas_" not in metrics
+        return
+
+    # Allocations of one store racing each other on one stripe: some compare-and-sets lose.
+    def race() -> None:
+        for _ in range(50):
+            app.minter.store.allocate("p", 1)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        deadline = time.monotonic() + 20
+        while counts.conflicts == 0:
+            assert time.monotonic() < deadline, "no conflict in 20 s"
+            run_threads(race, 8)
+    finally:
+        sys.setswitchinterval(switch)
+    assert 0 < counts.retries <= counts.conflicts
+    metrics = call(app, "GET", "/metrics").text
+    assert f"idmint_cas_conflicts_total {counts.conflicts}\n" in metrics
+    assert f"idmint_cas_retries_total {counts.retries}\n" in metrics
+    cas = call(app, "GET", "/v1/stats").json()["cas"]
+    assert cas == {"conflicts": counts.conflicts, "retries": counts.retries}

@@ -258,3 +258,97 @@ def test_static_worker_from_the_cli(
     code, _, err = run(capsys, "snowflake", "--worker-id", "9", "--state", state, "--store", url)
     assert code == 0, err
     assert json.loads(Path(state).read_text())["worker_id"] == 9
+
+
+def test_striped_keys(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    code, out, _ = run(capsys, "--store", url, "keys", "add", "order", "--stripes", "5")
+    assert (code, out) == (0, "added order: ids 1..9223372036854775802, step 1000, 5 stripes\n")
+    code, out, _ = run(capsys, "--store", url, "keys", "add", "order", "--exist-ok")
+    assert out == "order exists: ids 1..9223372036854775802, step 1000, 5 stripes\n"
+    # Ten ids of one stripe, five apart; then of stripe 3: 4, 9, 14, ...
+    code, out, _ = run(capsys, "--store", url, "next", "order", "-n", "10")
+    first = [int(i) for i in out.split()]
+    assert code == 0 and len(first) == 10
+    assert first == list(range(first[0], first[0] + 50, 5)) and first[0] <= 5
+    code, out, _ = run(capsys, "--store", url, "next", "order", "-n", "3", "--stripe", "3")
+    assert code == 0 and [int(i) for i in out.split()] == (
+        [54, 59, 64] if first[0] == 4 else [4, 9, 14]
+    )
+    code, out, _ = run(capsys, "--store", url, "keys", "show", "order", "--json")
+    shown = json.loads(out)
+    assert shown["stripes"] == 5 and len(shown["stripe_next"]) == 5
+    assert shown["stripe_next"][first[0] - 1] == first[-1] + 5
+    assert shown["stripe_next"][3] == (69 if first[0] == 4 else 19)
+    code, out, _ = run(capsys, "--store", url, "keys", "show", "order")
+    assert "stripes:     5\n" in out
+    assert f"stripe_next: {' '.join(map(str, shown['stripe_next']))}\n" in out
+    code, out, _ = run(capsys, "--store", url, "keys", "list")
+    header, row = out.splitlines()
+    assert header.split()[6:9] == ["BATCH", "CAP", "STRIPES"]
+    assert row.split()[:2] == ["order", str(min(shown["stripe_next"]))]
+    assert row.split()[7] == "5"
+    code, out, _ = run(capsys, "--store", url, "keys", "list", "--json")
+    assert json.loads(out)["stripe_next"] == shown["stripe_next"]
+    # Raising a striped key moves every stripe, each onto its own ids.
+    code, out, _ = run(capsys, "--store", url, "keys", "raise", "order", "--to", "1000")
+    assert (code, out) == (0, "order: the next range starts at 1000\n")
+    code, out, _ = run(capsys, "--store", url, "keys", "show", "order", "--json")
+    assert json.loads(out)["stripe_next"] == [1001, 1002, 1003, 1004, 1000]
+    code, out, _ = run(capsys, "--store", url, "keys", "raise", "order", "--to", "10")
+    assert (code, out) == (0, "order: unchanged, the next range already starts at 1000\n")
+
+
+def test_next_on_a_small_striped_key(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    # 12 ids on 3 stripes of 4 (stripe 1: 2, 5, 8, 11). Past a stripe's end `next` goes on
+    # with another stripe; a stripe asked for stays that stripe.
+    run(capsys, "--store", url, "keys", "add", "s", "--max", "12", "--stripes", "3")
+    code, out, err = run(capsys, "--store", url, "next", "s", "-n", "6", "--stripe", "1")
+    assert (code, out) == (1, "2\n5\n8\n11\n")
+    assert err == "idmint: error: stripe 1 of key 's' is exhausted: every id is used\n"
+    code, out, err = run(capsys, "--store", url, "next", "s", "-n", "7")
+    got = [int(i) for i in out.split()]
+    assert code == 0 and len(got) == 7, err
+    code, out, err = run(capsys, "--store", url, "next", "s", "-n", "5")
+    got += [int(i) for i in out.split()]
+    assert code == 1 and sorted(got) == [1, 3, 4, 6, 7, 9, 10, 12]
+    assert err == "idmint: error: key 's' is exhausted: every id up to its maximum 12 is used\n"
+    code, out, err = run(capsys, "--store", url, "keys", "show", "s", "--json")
+    assert json.loads(out)["remaining"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--stripes", "0"], "stripes must be an integer from 1 to 1024, not 0"),
+        (["--stripes", "1025"], "stripes must be an integer from 1 to 1024, not 1025"),
+        (["--stripes", "-2"], "stripes must be an integer from 1 to 1024, not -2"),
+        (["--stripes", "many"], "'many' is not a valid integer"),
+        (
+            ["--stripes", "5", "--start", "1", "--max", "4"],
+            "a key with 5 stripes needs at least 5 ids; [1, 4] has 4",
+        ),
+        (["--stripes", "5", "--max", str(2**63 - 2)], "max must be an integer from 0 to"),
+    ],
+)
+def test_bad_stripes_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], url: str, args: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, "--store", url, "keys", "add", "x", *args)
+    assert (code, out) == (2, "")
+    assert err.startswith("idmint: error: ") and err.count("\n") == 1 and message in err, err
+    assert run(capsys, "--store", url, "keys", "show", "x")[0] == 2  # not made
+
+
+@pytest.mark.parametrize("stripe", ["3", "-1", "1024"])
+def test_next_on_a_stripe_the_key_lacks(
+    capsys: pytest.CaptureFixture[str], url: str, stripe: str
+) -> None:
+    run(capsys, "--store", url, "keys", "add", "s", "--stripes", "3")
+    code, out, err = run(capsys, "--store", url, "next", "s", "--stripe", stripe)
+    assert (code, out) == (2, "")
+    assert err == (
+        "idmint: error: stripe must be an integer from 0 to 2 (the key has 3 stripes), "
+        f"not {stripe}\n"
+    )
+    code, out, _ = run(capsys, "--store", url, "keys", "show", "s", "--json")
+    assert json.loads(out)["stripe_next"] == [1, 2, 3]  # nothing taken

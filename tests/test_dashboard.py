@@ -161,6 +161,8 @@ def test_dashboard_shows_keys_and_ranges(idmint_server: ServerProcess) -> None:
     store_id = stats["server"]["store_id"]
     assert len(store_id) == 32 and page.by_id["f-store-id"] == store_id[:8]
     assert page.by_id["f-ready"] == "ready" and page.errors == {}
+    assert shown["stripe"] == "—"  # a plain key: one counter
+    assert "f-cas-box" in page.hidden  # SQLite locks rows: no compare-and-set loops
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
@@ -280,3 +282,76 @@ def test_dashboard_shows_the_snowflake_worker(idmint_server: ServerProcess) -> N
     assert "f-clock-box" not in page.hidden
     clock = page.by_id["f-clock"]
     assert re.fullmatch(r"[+\u2212]\d+ ms ±\d+ · rollbacks 0", clock), clock
+
+
+def test_dashboard_shows_stripes_and_conflicts(stub: StubServer) -> None:
+    generator = {
+        "current": {"start": 102, "stop": 502, "stride": 5},
+        "position": 152,
+        "next": {"start": 1003, "stop": 2003, "stride": 5},
+        "fill": 0.875,
+        "step": 80,
+        "refills": 2,
+        "refilling": False,
+        "last_refill_at": "2026-11-21T05:00:00+00:00",
+        "last_refill_ms": 1.5,
+        "issued": 10,
+        "taken": 280,
+        "given_back": 0,
+        "density": 1.0,
+        "rate_per_s": 0.5,
+        "runway_s": None,
+        "error": None,
+        "stripe": 2,
+        "stripes": 5,
+        "conflicts": 3,
+    }
+    key = {"name": "order", "start": 100, "max": 2**63 - 6, "step": 40, "description": ""}
+    key |= {"next_id": 100, "remaining": 10**12, "bounded": False, "stripes": 5}
+    key |= {"stripe_next": [100, 101, 502, 103, 104]}
+    cold = key | {"name": "cold", "generator": None}
+    plain = key | {"name": "plain", "stripes": 1, "stripe_next": None}
+    plain_gen = generator | {"stripe": 0, "stripes": 1, "conflicts": 0}
+    plain_gen |= {"current": {"start": 1, "stop": 81, "stride": 1}, "position": 11}
+    server = {"version": "9.9.9", "store": "etcd://db:2379/ids", "pid": 77}
+    server |= {"started_at": "2026-11-21T05:00:00+00:00", "uptime_s": 60.0, "ready": True}
+    stub.answers = [
+        {
+            "server": server,
+            "keys": [cold, key | {"generator": generator}, plain | {"generator": plain_gen}],
+            "cas": {"conflicts": 7, "retries": 4},
+        }
+    ]
+    page = render(stub.url + "/")
+    shown = page.keys["order"]
+    assert shown["stripe"] == "2/5 3 conflicts"
+    assert shown["current"] == f"102 {DASH} 497 every 5"  # its last id: stop - stride
+    assert shown["next"] == f"1003 {DASH} 1998 every 5"
+    assert page.keys["cold"]["stripe"] == f"{DASH}/5"  # no range taken here yet
+    assert page.keys["plain"]["stripe"] == "—"
+    assert page.keys["plain"]["current"] == f"1 {DASH} 80"
+    assert "f-cas-box" not in page.hidden
+    assert page.by_id["f-cas"] == "conflicts 7 · retries 4"
+
+
+def test_dashboard_shows_a_striped_key_served(tmp_path: Path) -> None:
+    # A real server on the memory store: ranges over compare-and-set cells.
+    server = ServerProcess(f"memory://dash-{tmp_path.name}").start()
+    try:
+        made = {"name": "lanes", "start": 1, "step": 100, "stripes": 4}
+        assert httpx.post(server.url + "/v1/keys", json=made).status_code == 201
+        ids = httpx.get(server.url + "/v1/keys/lanes/ids", params={"count": 10}).json()["ids"]
+        assert len({i % 4 for i in ids}) == 1  # one range: one stripe
+        [stats] = httpx.get(server.url + "/v1/stats").json()["keys"]
+        generator = stats["generator"]
+        current = generator["current"]
+        assert current["stride"] == 4 and generator["stripes"] == 4
+        page = render(server.url + "/")
+        shown = page.keys["lanes"]
+        assert shown["stripe"] == f"{generator['stripe']}/4"
+        last = current["stop"] - 4
+        assert shown["current"] == f"{current['start']} {DASH} {last} every 4"
+        assert "f-cas-box" not in page.hidden
+        assert re.fullmatch(r"conflicts \d+ · retries \d+", page.by_id["f-cas"])
+    finally:
+        server.stop()

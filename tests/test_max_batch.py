@@ -68,15 +68,15 @@ def _old_table(url: str) -> Any:
 
 
 def test_an_old_table_gains_the_column_from_many_processes_at_once(
-    shared_store_url: str,
+    shared_sql_store_url: str,
 ) -> None:
-    _old_table(shared_store_url).close()
+    _old_table(shared_sql_store_url).close()
     barrier = threading.Barrier(6)
     seen: list[idmint.Key] = []
 
     def connect_and_read() -> None:
         # Each its own store, so its own connection: to the database, another process.
-        minter = idmint.connect(shared_store_url, timeout=10)
+        minter = idmint.connect(shared_sql_store_url, timeout=10)
         try:
             barrier.wait(10)
             seen.append(minter.key("old"))
@@ -85,17 +85,17 @@ def test_an_old_table_gains_the_column_from_many_processes_at_once(
 
     run_threads(connect_and_read, 6)
     assert [(k.max_id, k.max_batch, k.batch_cap) for k in seen] == [(500, 0, 10_000)] * 6
-    with idmint.connect(shared_store_url) as minter:
+    with idmint.connect(shared_sql_store_url) as minter:
         assert minter.set_max_batch("old", 42).max_batch == 42
         assert minter.take("old", 3) == idmint.Range(500, 503)
 
 
-def test_adding_the_column_survives_losing_the_race(shared_store_url: str) -> None:
+def test_adding_the_column_survives_losing_the_race(shared_sql_store_url: str) -> None:
     # The other process adds the column between our look and our ALTER TABLE: ours fails
     # ("duplicate column") and the connection goes on, finding the column there.
-    other = _old_table(shared_store_url)
-    scheme = shared_store_url.split("://", 1)[0]
-    dialect = _sql_dialect(scheme, shared_store_url, redact(shared_store_url), 5.0)
+    other = _old_table(shared_sql_store_url)
+    scheme = shared_sql_store_url.split("://", 1)[0]
+    dialect = _sql_dialect(scheme, shared_sql_store_url, redact(shared_sql_store_url), 5.0)
     conn = dialect.connect()
 
     class Raced:
@@ -120,5 +120,5 @@ def test_adding_the_column_survives_losing_the_race(shared_store_url: str) -> No
     finally:
         conn.close()
         other.close()
-    with idmint.connect(shared_store_url) as minter:
+    with idmint.connect(shared_sql_store_url) as minter:
         assert minter.key("old").max_batch == 0

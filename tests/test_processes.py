@@ -1,5 +1,5 @@
-"""Many processes on one key of every shared store: under load, under kill -9, through a
-store restart. Every id any process printed must be unique."""
+"""Many processes on one key of every shared engine: under load (on a striped key), under
+kill -9, through a store restart. Every id any process printed must be unique."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import idmint
 from idmint.ids import ID_MAX
 
 from checks import assert_unique, assert_within
+from conftest import fresh_store_url
 
 WORKER = str(Path(__file__).with_name("worker.py"))
 
@@ -39,17 +40,19 @@ def collect(proc: subprocess.Popen[bytes], timeout: float = 300) -> list[int]:
 
 
 @pytest.mark.slow
-def test_eight_processes_hundred_thousand_ids_each(shared_store_url: str) -> None:
+def test_eight_processes_fifty_thousand_ids_each(shared_store_url: str) -> None:
     with idmint.connect(shared_store_url) as minter:
-        minter.add_key("load", step=1000, start=1_000_000, max=ID_MAX)
-    procs = [start_worker(shared_store_url, "load", 100_000) for _ in range(8)]
+        minter.add_key("load", step=1000, start=1_000_000, stripes=4)
+        top = minter.key("load").last_id
+    procs = [start_worker(shared_store_url, "load", 50_000) for _ in range(8)]
     ids = [i for proc in procs for i in collect(proc)]
-    assert assert_unique(ids) == 800_000
-    assert_within(ids, 1_000_000, ID_MAX)
+    assert assert_unique(ids) == 400_000
+    assert_within(ids, 1_000_000, top)
     # Graceful exits gave their tails back: only ranges overlapped by a neighbour are lost.
     with idmint.connect(shared_store_url) as minter:
-        taken = minter.key("load").max_id - 1_000_000
-    assert taken >= 800_000
+        nexts = minter.key("load").stripe_next
+    taken = sum((n - (1_000_000 + k)) // 4 for k, n in enumerate(nexts))
+    assert taken >= 400_000
 
 
 @pytest.mark.slow
@@ -78,27 +81,45 @@ def test_kill_9_at_random_moments(shared_store_url: str) -> None:
     assert_unique(ids)
 
 
+# The fixture of each engine's (shared) test server.
+SERVERS = {
+    "postgres": "postgres",
+    "mariadb": "mariadb",
+    "redis": "redis_server",
+    "etcd": "etcd_server",
+    "zookeeper": "zookeeper_server",
+    "cassandra": "cassandra_server",
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["postgres", "mariadb"])
-def test_store_restart_under_load(engine: str, request: pytest.FixtureRequest) -> None:
-    server = request.getfixturevalue(engine)
-    url = server.create_database(f"restart_{os.getpid()}")
+@pytest.mark.parametrize("engine", list(SERVERS))
+def test_store_restart_under_load(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    server = request.getfixturevalue(SERVERS[engine])
+    url = fresh_store_url(engine, request, tmp_path)
     with idmint.connect(url) as minter:
         minter.add_key("r", step=10)
+    # Long enough for the workers to connect and serve between the restarts (a Cassandra
+    # client needs a second or two to find a restarted node again).
+    settle = 3.0 if engine == "cassandra" else 1.0
     procs = [start_worker(url, "r", 0, small_steps=True) for _ in range(3)]
-    time.sleep(1.0)
+    time.sleep(settle)
     server.restart()
-    time.sleep(1.0)
+    time.sleep(settle)
     server.kill()  # an unclean stop too: the server recovers from its log
     server.start()
-    time.sleep(1.0)
+    time.sleep(settle)
     for proc in procs:
         assert proc.poll() is None, "a worker died when the store restarted"
         proc.send_signal(signal.SIGTERM)
     ids = [i for proc in procs for i in collect_terminated(proc)]
     after = start_worker(url, "r", 500, small_steps=True)
+    served_around_restarts = len(ids)
     ids += collect(after)
-    assert len(ids) > 1000
+    # Cassandra takes seconds to restart, so its workers serve fewer ids around the restarts.
+    assert served_around_restarts > 100, "the workers did almost nothing: nothing was tested"
     assert_unique(ids)
 
 

@@ -775,3 +775,70 @@ def test_clients_keep_within_the_cap(idmint_server: ServerProcess) -> None:
     with idmint.connect(idmint_server.store_url) as minter:
         # Every range the client took was within the cap in force: no id burned beyond it.
         assert minter.key("c").max_id - 1 <= max(ids) + 60 + 120 * 2
+
+
+def test_clients_on_a_striped_key(idmint_server: ServerProcess) -> None:
+    # stripe k hands out 1 + k, 5 + k, 9 + k, ...: a client's generator serves from its stripe.
+    url = idmint_server.url
+    made = add_key(idmint_server, "s", step=50, stripes=4)
+    assert made["stripes"] == 4 and made["stripe_next"] == [1, 2, 3, 4]
+    pinned = idmint.SegmentOptions(stripe=2)
+    with idmint.Client(url, segment_options=pinned) as client:
+        gen = client.segment("s")
+        ids = gen.next_ids(120)  # three ranges of stripe 2 (the step grows: 50, 100)
+        assert ids == list(range(3, 3 + 120 * 4, 4))
+        stats = gen.stats()
+        assert (stats.stripe, stats.stripes) == (2, 4)
+        assert stats.current is not None and stats.current.stride == 4
+        taken = client.take("s", 10, stripe=1)
+        assert taken == idmint.Range(2, 42, 4) and list(taken)[:2] == [2, 6]
+        anywhere = client.take("s", 10)  # the store's choice, a strided range all the same
+        assert anywhere.stride == 4 and len(anywhere) == 10
+        with pytest.raises(idmint.InvalidArgument, match="the key has 4 stripes"):
+            client.take("s", 5, stripe=4)
+    with idmint.Client(url) as client:
+        spread = client.segment("s")
+        more = spread.next_ids(300)
+        assert spread.stats().stripes == 4
+        assert len({i % 4 for i in more[:50]}) == 1  # one range: one stripe
+    assert_unique([*ids, *taken, *anywhere, *more])
+    with idmint.connect(idmint_server.store_url) as minter:
+        assert minter.key("s").stripes == 4
+
+
+def test_client_generators_move_off_exhausted_stripes(idmint_server: ServerProcess) -> None:
+    # 40 ids on 4 stripes of 10: a generator pinned to stripe 1 drains it, is told (410 with
+    # the stripe) and moves on, until the whole key is gone.
+    add_key(idmint_server, "few", step=3, max=40, stripes=4)
+    options = idmint.SegmentOptions(stripe=1, retry_after=0)
+    with idmint.Client(idmint_server.url, segment_options=options) as client:
+        assert list(client.take("few", 20, stripe=1)) == list(range(2, 41, 4))  # shorter
+        with pytest.raises(idmint.Exhausted) as spent:
+            client.take("few", 1, stripe=1)
+        assert (spent.value.stripe, spent.value.stripes, spent.value.last_id) == (1, 4, 40)
+        assert str(spent.value) == (
+            "stripe 1 of key 'few' is exhausted: every id up to its maximum 40 is used"
+        )
+        gen = client.segment("few")
+        ids = []
+        with pytest.raises(idmint.Exhausted) as gone:
+            while True:
+                ids.append(gen.next_id())
+        assert gone.value.stripe is None and "key 'few' is exhausted" in str(gone.value)
+    assert sorted(ids) == [i for i in range(1, 41) if i % 4 != 2]  # the other stripes' ids
+
+
+def test_clients_share_a_striped_key(idmint_server: ServerProcess) -> None:
+    add_key(idmint_server, "busy", step=20, stripes=3, max=2**31 - 1)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        with idmint.Client(idmint_server.url) as client:
+            mine = client.segment("busy").next_ids(2000)
+        with lock:
+            got.extend(mine)
+
+    run_threads(work, 6)
+    assert assert_unique(got) == 12_000
+    assert_within(got, 1, 2**31 - 1)

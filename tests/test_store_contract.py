@@ -7,7 +7,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from idmint import Exhausted, Key, KeyExists, KeyNotFound, Range, RangeStore, open_store
+from idmint import (
+    Exhausted,
+    InvalidArgument,
+    Key,
+    KeyExists,
+    KeyNotFound,
+    Range,
+    RangeStore,
+    open_store,
+)
 from idmint.ids import ID_MAX, UINT31_MAX
 
 from checks import assert_disjoint, assert_unique, run_threads
@@ -22,9 +31,16 @@ def store(store_url: str) -> Iterator[RangeStore]:
 
 
 def add(
-    store: RangeStore, name: str = "k", step: int = 10, first: int = 1, last: int = ID_MAX
+    store: RangeStore,
+    name: str = "k",
+    step: int = 10,
+    first: int = 1,
+    last: int = ID_MAX,
+    stripes: int = 1,
 ) -> Key:
-    return store.add_key(name, step=step, first_id=first, last_id=last, description="d")
+    return store.add_key(
+        name, step=step, first_id=first, last_id=last, description="d", stripes=stripes
+    )
 
 
 def test_meets_the_protocol(store: RangeStore) -> None:
@@ -161,3 +177,82 @@ def test_two_store_objects_share_one_counter(store_url: str, store: RangeStore) 
     finally:
         other.close()
     assert ranges == [Range(1, 11), Range(11, 21), Range(21, 31)]
+
+
+# -- stripes ---------------------------------------------------------------------------------
+
+
+def test_stripe_k_hands_out_first_plus_k_modulo_n(store: RangeStore) -> None:
+    key = add(store, "s", step=10, first=100, last=ID_MAX - 4, stripes=5)
+    assert key.stripes == 5 and key.stripe_next == (100, 101, 102, 103, 104)
+    for k in (3, 0, 4, 1, 2):
+        taken = store.allocate("s", stripe=k)
+        assert taken.range == Range.of(100 + k, 10, 5)
+        assert (taken.key.stripe, taken.key.stripes) == (k, 5)
+        assert all(i % 5 == (100 + k) % 5 for i in taken.range)
+    again = store.allocate("s", 3, stripe=3).range
+    assert again == Range(153, 168, 5) and list(again) == [153, 158, 163]
+    assert store.get_key("s").stripe_next == (150, 151, 152, 168, 154)
+    assert store.get_key("s").next_id == 150
+    [listed] = store.list_keys()
+    assert listed.stripes == 5 and listed.stripe_next == (150, 151, 152, 168, 154)
+
+
+def test_the_store_chooses_a_stripe_when_none_is_given(store: RangeStore) -> None:
+    add(store, "s", step=4, first=1, last=10_000, stripes=3)
+    seen = set()
+    for _ in range(30):
+        taken = store.allocate("s")
+        assert taken.range.stride == 3 and taken.key.stripes == 3
+        assert taken.range.start % 3 == (1 + taken.key.stripe) % 3
+        seen.add(taken.key.stripe)
+    assert seen <= {0, 1, 2}
+
+
+def test_a_stripe_the_key_does_not_have_is_refused(store: RangeStore) -> None:
+    add(store, "s", stripes=3)
+    add(store, "plain")
+    for stripe in (3, -1):
+        with pytest.raises(InvalidArgument, match="stripe"):
+            store.allocate("s", stripe=stripe)
+    with pytest.raises(InvalidArgument, match="stripe"):
+        store.allocate("plain", stripe=1)
+    with pytest.raises(KeyNotFound):
+        store.allocate("nope", stripe=1)
+
+
+def test_a_striped_32_bit_key_hands_out_every_integer_once(store: RangeStore) -> None:
+    first = UINT31_MAX - 99
+    add(store, "s32", step=7, first=first, last=UINT31_MAX, stripes=3)
+    ids: list[int] = []
+    for k in range(3):
+        while store.get_key("s32").stripe_next[k] <= UINT31_MAX:
+            taken = store.allocate("s32", stripe=k)
+            assert taken.range.last <= UINT31_MAX
+            ids += list(taken.range)
+        with pytest.raises(Exhausted) as info:
+            store.allocate("s32", stripe=k)
+        assert (info.value.stripe, info.value.stripes) == (k, 3)
+    assert sorted(ids) == list(range(first, UINT31_MAX + 1))
+    assert store.get_key("s32").remaining == 0
+
+
+def test_give_back_works_per_stripe(store: RangeStore) -> None:
+    add(store, "s", step=10, first=0, last=10_000, stripes=4)
+    held = store.allocate("s", stripe=2).range  # 2, 6, ..., 38
+    store.allocate("s", stripe=1)  # another stripe moving does not matter
+    tail = Range(held.start + 5 * 4, held.stop, 4)
+    assert store.give_back("s", tail) is True
+    assert store.allocate("s", 1, stripe=2).range == Range.of(22, 1, 4)
+    store.allocate("s", stripe=2)
+    assert store.give_back("s", Range(26, held.stop, 4)) is False  # stripe 2 moved on
+
+
+def test_raise_moves_every_stripe_up(store: RangeStore) -> None:
+    add(store, "s", step=10, first=0, last=100_000, stripes=3)
+    store.allocate("s", stripe=0)
+    key = store.raise_floor("s", 1000)
+    assert key.stripe_next == (1002, 1000, 1001)  # each stripe's first id at or above
+    for k in range(3):
+        start = store.allocate("s", stripe=k).range.start
+        assert start >= 1000 and start % 3 == k

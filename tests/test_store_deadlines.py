@@ -23,7 +23,7 @@ import pymysql
 import pytest
 
 from idmint import IdmintError, StoreUnavailable
-from idmint.stores import open_lease_store, open_store
+from idmint.stores import open_engine, open_lease_store, open_store
 from idmint.stores.base import Lease, LeaseStore, RangeStore
 
 from servers import MariaDBServer, PostgresServer, wait_until
@@ -153,7 +153,9 @@ def private_kv_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     server.close()
 
 
-def test_lease_calls_end_on_a_paused_server(private_kv_server: Any) -> None:
+def test_kv_calls_end_on_a_paused_server(private_kv_server: Any) -> None:
+    """Leases and compare-and-set cells (each on its own engine: ZooKeeper's cells share a
+    session with the lease store's reads)."""
     server = private_kv_server
     url = server.store_url("hung")
     store = open_lease_store(url, timeout=TIMEOUT)
@@ -161,6 +163,11 @@ def test_lease_calls_end_on_a_paused_server(private_kv_server: Any) -> None:
     other = store.acquire("ns", workers=8, ttl=60, horizon_ms=NOW)
     store.holders("ns")
     newcomer = open_lease_store(url, timeout=TIMEOUT)
+    engines = [open_engine(url, timeout=TIMEOUT) for _ in range(2)]
+    cells, new_cells = (engine.cas() for engine in engines)
+    cells.create("c", "v")
+    _, version = cells.read("c") or ("", -1)
+    cells.scan("")
     server.pause()
     try:
         assert_bounded(
@@ -171,12 +178,25 @@ def test_lease_calls_end_on_a_paused_server(private_kv_server: Any) -> None:
                 "acquire, connecting during": lambda: newcomer.acquire(
                     "ns", workers=8, ttl=60, horizon_ms=NOW
                 ),
+                "cas read, connected before": lambda: cells.read("c"),
+                "cas swap, connected before": lambda: cells.swap("c", version, "w"),
+                "cas scan, connected before": lambda: cells.scan(""),
+                "cas create, connecting during": lambda: new_cells.create("d", "v"),
             }
         )
     finally:
         server.resume()
     for each in (store, newcomer):
         wait_until(functools.partial(works, each.holders, "ns"), 15, "holders again")
+    for cas in (cells, new_cells):
+        wait_until(functools.partial(works, cas.read, "c"), 15, "cas read again")
+    # The swap's outcome was unknown: it may have been applied when the server resumed.
+    value, version = cells.read("c") or ("", -1)
+    assert value in ("v", "w")
+    assert new_cells.swap("c", version, "x") is True
+    assert cells.read("c") == new_cells.read("c")
+    for engine in engines:
+        engine.close()
     taken: list[Lease] = []
 
     def acquire() -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 
-from ._errors import Closed, InvalidArgument
+from ._errors import Closed, Exhausted, InvalidArgument
 from ._fork import ForkAware
 from .ids import (
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
     ID_MAX,
+    Allocation,
     Key,
     Range,
     check_count,
@@ -30,6 +32,34 @@ log = logging.getLogger("idmint")
 
 #: Seconds Minter.close() waits for generators to give their ranges back.
 CLOSE_TIMEOUT = 10.0
+
+_jitter = random.Random()  # our own: leaves the global generator's sequence to the application
+
+
+def allocate_any(
+    store: RangeStore, name: str, count: int | None = None, *, stripe: int | None = None
+) -> Allocation:
+    """`store.allocate`, except that with no `stripe` a striped key hands out a range while
+    any of its stripes has ids left: when the stripe the store chose is exhausted, the others
+    that still have some (as the key's row says) are tried in random order. Only then does it
+    raise Exhausted for the whole key (no `stripe`). With a `stripe`, that stripe or nothing.
+    """
+    try:
+        return store.allocate(name, count, stripe=stripe)
+    except Exhausted as exc:
+        if stripe is not None or exc.stripe is None or (exc.stripes or 1) < 2:
+            raise
+        spent = exc
+    key = store.get_key(name)
+    left = [s for s, start in enumerate(key.next_ids) if s != spent.stripe and start <= key.last_id]
+    _jitter.shuffle(left)
+    for other in left:
+        try:
+            return store.allocate(name, count, stripe=other)
+        except Exhausted as exc:
+            if exc.stripe is None:
+                raise
+    raise Exhausted(name, key.last_id) from spent
 
 
 class Minter(ForkAware):
@@ -130,12 +160,12 @@ class Minter(ForkAware):
         return self.store.raise_floor(check_key_name(name), to)
 
     def take(self, name: str, count: int, *, stripe: int | None = None) -> Range:
-        """Take `count` ids as one range straight from the store (fewer at a bounded key's end),
-        from stripe `stripe` of a striped key, or one the store chooses (the range's stride
-        is the key's stripes).
+        """Take `count` ids as one range straight from the store (fewer at a bounded key's end,
+        or a stripe's), from stripe `stripe` of a striped key, or one the store chooses (any
+        stripe with ids left: see allocate_any); the range's stride is the key's stripes.
         No buffering: for one-off batches and for handing ranges to clients."""
         check_count(count)
-        return self.store.allocate(check_key_name(name), count, stripe=stripe).range
+        return allocate_any(self.store, check_key_name(name), count, stripe=stripe).range
 
     def segment(self, name: str, options: SegmentOptions | None = None) -> SegmentGenerator:
         """The segment generator of a key: one per key and minter, made on first call (the

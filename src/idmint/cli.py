@@ -24,8 +24,10 @@ from .ids import (
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
     ID_MAX,
+    MAX_STRIPES,
     UINT31_MAX,
     Key,
+    Range,
     check_count,
 )
 from .stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
@@ -151,12 +153,19 @@ def keys() -> None:
     "--max",
     "max_",
     type=int,
-    default=ID_MAX,
-    show_default=True,
-    help=f"The largest id; {UINT31_MAX} for a 32-bit key.",
+    help=f"The largest id; {UINT31_MAX} for a 32-bit key [default: {ID_MAX}, less one per "
+    "stripe after the first].",
 )
 @click.option("--description", default="", help="Free text, up to 256 characters.")
 @click.option("--max-batch", type=int, default=0, show_default=True, help=_MAX_BATCH_HELP)
+@click.option(
+    "--stripes",
+    type=int,
+    default=1,
+    show_default=True,
+    help=f"Independent counters, 1 to {MAX_STRIPES}: stripe k hands out start + k, "
+    "start + k + N, ... so N processes take ranges without waiting for each other.",
+)
 @click.option("--exist-ok", is_flag=True, help="A key of that name already there is not an error.")
 @click.pass_context
 def keys_add(
@@ -164,9 +173,10 @@ def keys_add(
     name: str,
     step: int,
     start: int,
-    max_: int,
+    max_: int | None,
     description: str,
     max_batch: int,
+    stripes: int,
     exist_ok: bool,
 ) -> None:
     """Create key NAME."""
@@ -179,14 +189,20 @@ def keys_add(
                 max=max_,
                 description=description,
                 max_batch=max_batch,
+                stripes=stripes,
             )
         except KeyExists:
             if not exist_ok:
                 raise
             key = minter.key(name)
-            click.echo(f"{key.name} exists: ids {key.first_id}..{key.last_id}, step {key.step}")
+            click.echo(f"{key.name} exists: {_describe_key(key)}")
             return
-        click.echo(f"added {key.name}: ids {key.first_id}..{key.last_id}, step {key.step}")
+        click.echo(f"added {key.name}: {_describe_key(key)}")
+
+
+def _describe_key(key: Key) -> str:
+    striped = f", {key.stripes} stripes" if key.stripes > 1 else ""
+    return f"ids {key.first_id}..{key.last_id}, step {key.step}{striped}"
 
 
 @keys.command("list")
@@ -201,16 +217,17 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
         for key in all_keys:
             click.echo(json.dumps(key.as_dict()))
         return
-    rows = [("KEY", "NEXT", "STEP", "FIRST", "MAX", "REMAINING", "BATCH CAP", "UPDATED")]
+    rows = [("KEY", "NEXT", "STEP", "FIRST", "MAX", "REMAINING", "BATCH CAP", "STRIPES", "UPDATED")]
     rows += [
         (
             k.name,
-            str(max(k.max_id, k.first_id)),
+            str(k.next_id),  # a striped key's: the lowest stripe's
             str(k.step),
             str(k.first_id),
             str(k.last_id),
             str(k.remaining),
             str(k.batch_cap),
+            str(k.stripes),
             _when(k),
         )
         for k in all_keys
@@ -233,6 +250,8 @@ def keys_show(ctx: click.Context, name: str, as_json: bool) -> None:
         click.echo(json.dumps(key.as_dict()))
         return
     for field, value in key.as_dict().items():
+        if isinstance(value, list):  # stripe_next: where each stripe's next range starts
+            value = " ".join(map(str, value))
         click.echo(f"{field + ':':<13}{value}")
 
 
@@ -246,8 +265,8 @@ def keys_raise(ctx: click.Context, name: str, to: int) -> None:
     with _minter(ctx) as minter:
         before = minter.key(name)
         key = minter.raise_floor(name, to)
-    start = max(key.max_id, key.first_id)
-    if (key.first_id, key.max_id) == (before.first_id, before.max_id):
+    start = key.next_id
+    if (key.first_id, key.next_ids) == (before.first_id, before.next_ids):  # every stripe
         click.echo(f"{name}: unchanged, the next range already starts at {start}")
     else:
         click.echo(f"{name}: the next range starts at {start}")
@@ -277,21 +296,42 @@ def keys_set(ctx: click.Context, name: str, max_batch: int) -> None:
     show_default=True,
     help=f"How many ids, {MAX_COUNT:,} at most.",
 )
+@click.option(
+    "--stripe",
+    type=int,
+    help="Of a striped key, take them from this stripe (0 to its stripes - 1) [default: any "
+    "with ids left].",
+)
 @click.pass_context
-def next_(ctx: click.Context, name: str, count: int) -> None:
+def next_(ctx: click.Context, name: str, count: int, stripe: int | None) -> None:
     """Print COUNT new ids of key NAME, one per line.
 
-    Takes exactly COUNT ids from the store in one allocation, so nothing is wasted.
+    Takes exactly COUNT ids from the store in one allocation, so nothing is wasted (a striped
+    key's ids are its stripes apart; at a stripe's end the rest come from another stripe).
     """
     check_count(count, maximum=MAX_COUNT)  # before the store: nothing taken on a typo
     with _minter(ctx) as minter:
-        taken = minter.take(name, count)
-    # In chunks as they are made: one string of every id would be the whole batch in memory.
-    for start in range(taken.start, taken.stop, PRINT_CHUNK):
-        chunk = range(start, min(start + PRINT_CHUNK, taken.stop))
+        left = count
+        while left:
+            taken = minter.take(name, left, stripe=stripe)
+            _print_ids(taken)
+            left -= len(taken)
+            if left and (stripe is not None or taken.stride == 1):
+                # A bounded key (or the stripe asked for) ran out: the ids above are good.
+                if stripe is None:
+                    raise Exhausted(name, taken.last)
+                raise Exhausted(name, stripe=stripe, stripes=taken.stride)
+            # A striped key's stripe ran out: the next take is from another (or says the
+            # whole key is exhausted).
+
+
+def _print_ids(taken: Range) -> None:
+    """The ids of a range, one per line, in chunks as they are made: one string of every id
+    would be the whole batch in memory."""
+    step = PRINT_CHUNK * taken.stride
+    for start in range(taken.start, taken.stop, step):
+        chunk = range(start, min(start + step, taken.stop), taken.stride)
         click.echo("\n".join(map(str, chunk)))
-    if len(taken) < count:  # a bounded key ran out: the ids above are still good
-        raise Exhausted(name, taken.last)
 
 
 @cli.command()

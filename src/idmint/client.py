@@ -193,21 +193,27 @@ class HttpRangeStore(ForkAware):
             data = self._request("POST", path, params={**params, "size": count})
         if "batch_cap" in data:
             self._caps[name] = int(data["batch_cap"])
-        stride = int(data.get("stride") or 1)
-        taken = Range(int(data["start"]), int(data["stop"]), stride)
-        step = int(data.get("step") or len(taken))
-        # What the client knows of the key: enough for the dynamic step (its floor is `step`)
-        # and for telling which stripe the range came from.
-        key = Key(
-            name,
-            taken.stop,
-            step,
-            taken.start,
-            taken.last,
-            stripes=stride,
-            stripe=int(data.get("stripe") or 0),
-        )
-        return Allocation(taken, key)
+        try:
+            stride = int(data.get("stride") or 1)
+            taken = Range(int(data["start"]), int(data["stop"]), stride)
+            step = int(data.get("step") or len(taken) or 1)
+            # What the client knows of the key: enough for the dynamic step (its floor is
+            # `step`) and for telling which stripe the range came from, of how many.
+            key = Key(
+                name,
+                taken.stop,
+                step,
+                taken.start,
+                taken.last,
+                stripes=int(data.get("stripes") or stride),
+                stripe=int(data.get("stripe") or 0),
+            )
+            conflicts = int(data.get("conflicts") or 0)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreUnavailable(
+                f"a server answered a range of key {name!r} the client cannot read: {exc}"
+            ) from exc
+        return Allocation(taken, key, conflicts=conflicts)
 
     def give_back(self, name: str, unused: Range) -> bool:
         # Never over HTTP: the server cannot tell that a range returned by a client was that
@@ -247,10 +253,21 @@ def _error_for(response: httpx.Response, path: str) -> IdmintError:
     if response.status_code == 409:
         return KeyExists(key or "?")
     if response.status_code == 410:
-        return Exhausted(key)
+        # One stripe of a striped key, or the whole key (see the server's 410 headers).
+        last_id = _header_int(response, "idmint-last-id")
+        stripe = _header_int(response, "idmint-stripe")
+        stripes = _header_int(response, "idmint-stripes")
+        if stripe is not None and stripes:
+            return Exhausted(key, last_id, stripe=stripe, stripes=stripes)
+        return Exhausted(key, last_id)
     if response.status_code in (401, 403):
         return InvalidArgument(f"the server refused: {reason}")
     return InvalidArgument(reason or f"HTTP {response.status_code}")
+
+
+def _header_int(response: httpx.Response, name: str) -> int | None:
+    value = response.headers.get(name, "").strip()
+    return int(value) if value.isdigit() else None
 
 
 def _key(data: dict[str, Any]) -> Key:
@@ -294,11 +311,13 @@ class _ClientBase:
                 self._segments[key] = gen
             return gen
 
-    def take(self, key: str, count: int) -> Range:
-        """One range of `count` ids straight from a server: fewer at a bounded key's end, and
-        at most the key's batch cap (see `idmint keys set --max-batch`)."""
+    def take(self, key: str, count: int, *, stripe: int | None = None) -> Range:
+        """One range of `count` ids straight from a server: fewer at a bounded key's end (or
+        its stripe's), and at most the key's batch cap (see `idmint keys set --max-batch`).
+        A striped key's range has stride `stripes`, from stripe `stripe` or, by default, any
+        stripe with ids left."""
         check_count(count)
-        return self.store.allocate(check_key_name(key), count).range
+        return self.store.allocate(check_key_name(key), count, stripe=stripe).range
 
     def _close(self) -> None:
         with self._lock:

@@ -38,22 +38,23 @@ from .._errors import (
     StoreUnavailable,
     WorkersExhausted,
 )
-from .._minter import Minter, connect
+from .._minter import Minter, allocate_any, connect
 from ..ids import (
     BATCH_CAP_MAX,
     BATCH_CAP_STEPS,
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
-    ID_MAX,
+    MAX_STRIPES,
     Key,
     check_key_name,
+    check_stripe,
 )
 from ..layout import layout_named
 from ..stores.base import STORE_HEADER, StoreIdentity
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
-from .metrics import RATE_WINDOW, Counters, KeySnapshot, RateMeter, render_prometheus
+from .metrics import RATE_WINDOW, Counters, KeySnapshot, RateMeter, cas_counts, render_prometheus
 from .openapi import openapi_document
 from .pools import Pool, PoolTimeout
 
@@ -86,6 +87,11 @@ SNOWFLAKE_IDS_ROUTE = "/v1/snowflake/ids"
 # Who may call a route: anyone, holders of the client token (when one is set), the admin.
 OPEN, IDS, ADMIN = "open", "ids", "admin"
 BATCH_CAP_HEADER = "idmint-batch-cap"
+# On a 410: the key's maximum, and for one exhausted stripe of a striped key, which stripe and
+# how many the key has (a client's generator then moves to another stripe).
+LAST_ID_HEADER = "idmint-last-id"
+STRIPE_HEADER = "idmint-stripe"
+STRIPES_HEADER = "idmint-stripes"
 KEY_REFRESH = 5.0  # seconds between reads of every key's row (its batch cap) from the store
 _NUMBER = re.compile(r"[0-9]{1,19}")
 
@@ -135,6 +141,19 @@ class Request:
         text = values[-1].strip()
         if not _NUMBER.fullmatch(text) or not 1 <= int(text) <= maximum:
             raise HttpError(400, f"{name} must be an integer from 1 to {maximum}, not {text!r}")
+        return int(text)
+
+    def stripe(self) -> int | None:
+        """The `stripe` query parameter: None when absent, else an integer from 0 to
+        MAX_STRIPES - 1 (whether the key has it is checked against the key)."""
+        values = parse_qs(self.query, keep_blank_values=True).get("stripe")
+        if not values:
+            return None
+        text = values[-1].strip()
+        if not _NUMBER.fullmatch(text) or not 0 <= int(text) < MAX_STRIPES:
+            raise HttpError(
+                400, f"stripe must be an integer from 0 to {MAX_STRIPES - 1}, not {text!r}"
+            )
         return int(text)
 
     def json(self) -> dict[str, Any]:
@@ -226,6 +245,17 @@ def _int_field(data: dict[str, Any], name: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise HttpError(400, f"{name} must be an integer, not {value!r}")
     return value
+
+
+def _exhausted_headers(exc: Exhausted) -> tuple[tuple[str, str], ...]:
+    """What a 410 says besides its reason: the key's maximum and, when only one stripe of a
+    striped key is exhausted, which one and how many the key has."""
+    headers: list[tuple[str, str]] = []
+    if exc.last_id is not None:
+        headers.append((LAST_ID_HEADER, str(exc.last_id)))
+    if exc.stripe is not None and exc.stripes:
+        headers += [(STRIPE_HEADER, str(exc.stripe)), (STRIPES_HEADER, str(exc.stripes))]
+    return tuple(headers)
 
 
 class App:
@@ -505,7 +535,8 @@ class App:
         except IdmintError as exc:
             status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 500)
             self.counters.error(pattern, status)
-            return Response(status, " ".join(str(exc).split()) + "\n")
+            headers = _exhausted_headers(exc) if isinstance(exc, Exhausted) else ()
+            return Response(status, " ".join(str(exc).split()) + "\n", headers=headers)
         except Exception:
             log.exception("unexpected error answering %s %s", request.method, request.path)
             self.counters.error(pattern, 500)
@@ -574,6 +605,15 @@ class App:
         self._key_rows.update((k.name, k) for k in keys)
         return keys
 
+    def _keep_allocated_row(self, row: Key) -> Key:
+        """Keep the row an allocation came back with when it is the key's own (stripe 0's:
+        the batch cap as the store has it now); a stripe's row has no batch cap or description,
+        so the key's row as last read stays. Returns the key's row."""
+        if row.stripe == 0:
+            self._key_rows[row.name] = row
+            return row
+        return self._key_rows.get(row.name) or row
+
     def _refresh_rows(self) -> None:
         """Read every key's row (and the store's identity) every KEY_REFRESH seconds, so a
         batch cap an admin changed on any server applies here too within that time, without a
@@ -625,26 +665,34 @@ class App:
     async def ranges(self, request: Request, key: str | None) -> Response:
         assert key is not None
         size = request.param("size", 0, MAX_RANGE) or None  # absent: the key's own step
+        stripe = request.stripe()  # absent: any stripe with ids left, the store's choice
         row = await self._key_row(key)
+        if stripe is not None:
+            check_stripe(stripe, row.stripes)
         if size is not None:
             _check_cap(row, size, "size")
         elif row.step > row.batch_cap:
             size = row.batch_cap  # a cap below the step bounds the default size too
         # A range the store commits after the deadline is dropped: skipped, never served.
         taken = await self.pools["id"].run(
-            self._store_deadline, self.minter.store.allocate, key, size
+            self._store_deadline,
+            functools.partial(allocate_any, self.minter.store, key, size, stripe=stripe),
         )
-        self._key_rows[key] = taken.key
+        # The allocation's row is its stripe's: only the key's own row (stripe 0) has the
+        # batch cap, so a stripe's row never replaces it.
+        row = self._keep_allocated_row(taken.key)
         handed = self.counters.ranges_handed
         handed[key] = handed.get(key, 0) + len(taken.range)
         self.counters.handed[RANGES_ROUTE] += len(taken.range)
         return _json(
             {
                 "key": key,
-                "start": taken.range.start,
-                "stop": taken.range.stop,
+                **taken.range.as_dict(),
+                "stripe": taken.key.stripe,
+                "stripes": taken.key.stripes,
                 "step": taken.key.step,
-                "batch_cap": taken.key.batch_cap,
+                "batch_cap": row.batch_cap,
+                "conflicts": taken.conflicts,
             }
         )
 
@@ -753,7 +801,7 @@ class App:
 
     async def add_key(self, request: Request, key: str | None) -> Response:
         data = request.json()
-        fields = {"name", "step", "start", "max", "description", "max_batch"}
+        fields = {"name", "step", "start", "max", "description", "max_batch", "stripes"}
         unknown = sorted(set(data) - fields)
         if unknown:
             raise HttpError(400, f"unknown fields: {', '.join(unknown)}")
@@ -763,6 +811,9 @@ class App:
         description = data.get("description", "")
         if not isinstance(description, str):
             raise HttpError(400, "description must be a string")
+        stripes = _int_field(data, "stripes", 1)
+        # No max: the highest a key with that many stripes may have (Minter.add_key's rule).
+        top = _int_field(data, "max", 0) if "max" in data else None
         # Past the deadline the key may still be created: a retry then answers 409.
         created = await self.pools["admin"].run(
             self._store_deadline,
@@ -771,9 +822,10 @@ class App:
                 check_key_name(name),
                 step=_int_field(data, "step", DEFAULT_STEP),
                 start=_int_field(data, "start", DEFAULT_FIRST_ID),
-                max=_int_field(data, "max", ID_MAX),
+                max=top,
                 description=description,
                 max_batch=_int_field(data, "max_batch", 0),
+                stripes=stripes,
             ),
         )
         self._missing.pop(name, None)
@@ -849,6 +901,7 @@ class App:
                 dataclasses.replace(self.counters, handed=handed),
                 self._info(),
                 self._flake.stats() if self._flake is not None else None,
+                cas_counts(self.minter.store),
             ),
             PROMETHEUS,
         )
@@ -873,7 +926,12 @@ class App:
         }
         flake = self._flake.stats() if self._flake is not None else None
         return _json(
-            {"server": server, "keys": [s.as_dict() for s in snapshots], "snowflake": flake}
+            {
+                "server": server,
+                "keys": [s.as_dict() for s in snapshots],
+                "snowflake": flake,
+                "cas": cas_counts(self.minter.store),
+            }
         )
 
     async def openapi(self, request: Request, key: str | None) -> Response:

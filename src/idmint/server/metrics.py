@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ids import Key
+from ..ids import Key, Range
+from ..stores.cas_ranges import CasCounts
 from ..strategies.segment import SegmentStats
 
 RATE_WINDOW = 1.0  # seconds between two samples of every key's issued count
@@ -49,7 +50,7 @@ class KeySnapshot:
         s = self.stats
         if s is None or s.current is None or s.position is None or not len(s.current):
             return None
-        return (s.current.stop - s.position) / len(s.current)
+        return len(Range(s.position, s.current.stop, s.current.stride)) / len(s.current)
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.key.as_dict())
@@ -76,12 +77,26 @@ class KeySnapshot:
                 "rate_per_s": self.rate,
                 "runway_s": self.runway_s,
                 "error": s.error,
+                # The stripe this process takes ranges from, of how many (None until its
+                # first range), and the compare-and-set conflicts its allocations met.
+                "stripe": s.stripe,
+                "stripes": s.stripes,
+                "conflicts": s.conflicts,
             }
         return out
 
 
-def _range(r: Any) -> dict[str, int] | None:
-    return None if r is None else {"start": r.start, "stop": r.stop}
+def _range(r: Range | None) -> dict[str, int] | None:
+    return None if r is None else r.as_dict()
+
+
+def cas_counts(store: object) -> dict[str, int] | None:
+    """What the compare-and-set loops of a store over CAS cells did (CasRangeStore.counts);
+    None for stores with row locks (SQL), which have no such loops."""
+    counts = getattr(store, "counts", None)
+    if not isinstance(counts, CasCounts):
+        return None
+    return {"conflicts": counts.conflicts, "retries": counts.retries}
 
 
 @dataclass
@@ -107,6 +122,7 @@ def render_prometheus(
     counters: Counters,
     info: dict[str, Any],
     snowflake: dict[str, Any] | None = None,
+    cas: dict[str, int] | None = None,
 ) -> str:
     """The Prometheus text exposition format, version 0.0.4."""
     lines: list[str] = []
@@ -199,6 +215,25 @@ def render_prometheus(
         [(k(s), s.rate) for s, _ in live],
     )
     metric(
+        "idmint_segment_conflicts_total",
+        "counter",
+        "Compare-and-set conflicts this process's allocations met (engines without row locks); "
+        "each moves the generator to another stripe of a striped key.",
+        [(k(s), st.conflicts) for s, st in live],
+    )
+    metric(
+        "idmint_segment_stripe",
+        "gauge",
+        "The stripe this process's generator takes ranges from (0 for a plain key).",
+        [(k(s), st.stripe) for s, st in live],
+    )
+    metric(
+        "idmint_key_stripes",
+        "gauge",
+        "The key's stripes: independent counters (store).",
+        [(k(s), s.key.stripes) for s in snapshots],
+    )
+    metric(
         "idmint_ranges_handed_total",
         "counter",
         "Ids handed to clients as whole ranges.",
@@ -228,6 +263,19 @@ def render_prometheus(
         "Requests answered with an error status.",
         [({"route": r, "status": str(c)}, n) for (r, c), n in sorted(counters.errors.items())],
     )
+    if cas is not None:
+        metric(
+            "idmint_cas_conflicts_total",
+            "counter",
+            "Compare-and-set writes of this process another writer won (stores over CAS cells).",
+            [({}, cas["conflicts"])],
+        )
+        metric(
+            "idmint_cas_retries_total",
+            "counter",
+            "Store operations of this process that needed more than one compare-and-set.",
+            [({}, cas["retries"])],
+        )
     if snowflake is not None:
         layout = {"layout": str(snowflake["layout"])}
         for name, kind, help_, field in (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ids import BATCH_CAP_MAX, ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
+from ..ids import BATCH_CAP_MAX, ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE, MAX_STRIPES
 
 TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
@@ -26,6 +26,27 @@ E403 = _error(
 E404 = _error("Unknown key")
 E409 = _error("The key already exists")
 E410 = _error("The key is exhausted: every id up to its maximum is used")
+E410_RANGE = {
+    **_error(
+        "The key is exhausted: every id up to its maximum is used; or, when a stripe was "
+        "asked for, that stripe of a striped key is (the idmint-stripe and idmint-stripes "
+        "headers say which, of how many: take a range from another stripe)"
+    ),
+    "headers": {
+        "idmint-last-id": {
+            "description": "the key's maximum",
+            "schema": {"type": "integer"},
+        },
+        "idmint-stripe": {
+            "description": "the stripe that is exhausted (absent when the whole key is)",
+            "schema": {"type": "integer", "minimum": 0},
+        },
+        "idmint-stripes": {
+            "description": "how many stripes the key has (with idmint-stripe)",
+            "schema": {"type": "integer", "minimum": 1},
+        },
+    },
+}
 E503 = _error(
     "The store is unreachable or did not answer in time and no ids are buffered, too many "
     "requests wait for the store already, or the server is stopping"
@@ -60,6 +81,16 @@ KEY_SCHEMA: dict[str, Any] = {
             "type": "integer",
             "description": "the most ids one request may take: max_batch, or the step x 100, "
             f"at most {BATCH_CAP_MAX}",
+        },
+        "stripes": {
+            "type": "integer",
+            "description": "the key's independent counters: stripe k hands out start + k, "
+            "start + k + stripes, ...",
+        },
+        "stripe_next": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "description": "with stripes > 1: where each stripe's next range starts, by stripe",
         },
     },
 }
@@ -101,6 +132,14 @@ def openapi_document(version: str) -> dict[str, Any]:
         "cap (default: the key's step, or the cap when that is smaller)",
         "schema": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
     }
+    stripe = {
+        "name": "stripe",
+        "in": "query",
+        "required": False,
+        "description": "Which stripe of a striped key to take the range from, 0 to the key's "
+        "stripes - 1 (default: any stripe with ids left)",
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_STRIPES - 1},
+    }
     ids = {
         "type": "object",
         "required": ["key", "ids"],
@@ -111,13 +150,27 @@ def openapi_document(version: str) -> dict[str, Any]:
     }
     range_ = {
         "type": "object",
-        "required": ["key", "start", "stop", "step"],
+        "required": ["key", "start", "stop", "stride", "stripe", "stripes", "step"],
         "properties": {
             "key": {"type": "string"},
             "start": {"type": "integer", "description": "the first id of the range"},
-            "stop": {"type": "integer", "description": "one past the last id"},
+            "stop": {
+                "type": "integer",
+                "description": "where the range ends, exclusive: start + its length x stride",
+            },
+            "stride": {
+                "type": "integer",
+                "description": "the gap between its ids: 1, or the key's stripes",
+            },
+            "stripe": {"type": "integer", "description": "the stripe it came from"},
+            "stripes": {"type": "integer", "description": "the key's stripes"},
             "step": {"type": "integer", "description": "the key's step"},
             "batch_cap": {"type": "integer", "description": "the key's batch cap"},
+            "conflicts": {
+                "type": "integer",
+                "description": "compare-and-set conflicts the allocation met (engines without "
+                "row locks): a client moves to another stripe",
+            },
         },
     }
     new_key = {
@@ -131,6 +184,14 @@ def openapi_document(version: str) -> dict[str, Any]:
             "max": {"type": "integer", "minimum": 0, "maximum": ID_MAX, "default": ID_MAX},
             "description": {"type": "string", "maxLength": 256},
             "max_batch": MAX_BATCH,
+            "stripes": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_STRIPES,
+                "default": 1,
+                "description": "independent counters (a key needs at least as many ids); "
+                "the default max is then lower by stripes - 1",
+            },
         },
     }
     return {
@@ -181,13 +242,13 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "post": {
                     "summary": "Take a whole range for serving ids locally (clients use this)",
                     **IDS,
-                    "parameters": [KEY_PARAM, size],
+                    "parameters": [KEY_PARAM, size, stripe],
                     "responses": {
                         "200": _json(range_),
                         "400": E400_CAP,
                         "401": E401_IDS,
                         "404": E404,
-                        "410": E410,
+                        "410": E410_RANGE,
                         "503": E503,
                     },
                 }

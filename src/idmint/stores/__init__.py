@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import uuid
 
 from .._errors import InvalidArgument
 from ._sql import Dialect, SqlRangeStore
 from ._sql_cas import SqlCasStore
 from ._sql_leases import SqlLeaseStore
 from ._urls import redact, scrub
-from .base import CasStore, LeaseStore, RangeStore
+from .base import CasStore, LeaseStore, RangeStore, StoreIdentity
 from .cas_ranges import Backoff, CasRangeStore
 from .engine import Engine
 
@@ -96,13 +97,15 @@ def open_engine(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> 
         from .memory import open_memory_cas
         from .memory_leases import open_memory_leases
 
+        # One store, one identity, whichever capability is asked (named stores keep theirs).
+        identity = StoreIdentity(uuid.uuid4().hex, None)
         return Engine(
             "memory",
             display,
             {
                 "ranges": _cas_ranges,
-                "leases": lambda _: open_memory_leases(url),
-                "cas": lambda _: open_memory_cas(url),
+                "leases": lambda _: open_memory_leases(url, identity),
+                "cas": lambda _: open_memory_cas(url, identity),
             },
         )
     if scheme in ("redis", "rediss"):

@@ -60,10 +60,12 @@ class SqlCasStore(SqlConnection):
     def scan(self, prefix: str) -> list[tuple[str, str]]:
         def body(cur: Any) -> list[tuple[str, str]]:
             cur.execute(self._scan, (prefix,))
-            return sorted(
-                (str(name), str(value))
-                for name, value in cur.fetchall()
-                if str(name).startswith(prefix)
-            )
+            found = ((_text(name), str(value)) for name, value in cur.fetchall())
+            return sorted((name, value) for name, value in found if name.startswith(prefix))
 
         return self._run(body, transaction=False)
+
+
+def _text(name: Any) -> str:
+    """A cell name as read: MySQL's (a byte string column, see mysql.py) comes as bytes."""
+    return name.decode() if isinstance(name, bytes | bytearray) else str(name)

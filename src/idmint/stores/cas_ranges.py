@@ -54,16 +54,20 @@ class Backoff:
     """Waits between compare-and-set attempts that lost (Broadcast's random back-off).
 
     The first wait is random in [0, 2 x `initial`) seconds, drawn once per operation; the
-    n-th is n times it. Past `deadline` seconds of trying the operation fails with
-    StoreUnavailable.
+    n-th is n times it, up to `longest`: without that cap a writer that lost a few times
+    waits ever longer while newcomers, starting again from short waits, win (starvation).
+    Past `deadline` seconds of trying the operation fails with StoreUnavailable.
     """
 
     initial: float = 0.004
+    longest: float = 0.05
     deadline: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.initial < 0 or self.deadline <= 0:
-            raise InvalidArgument("back-off: initial must be at least 0 and deadline above 0")
+        if self.initial < 0 or self.longest < 0 or self.deadline <= 0:
+            raise InvalidArgument(
+                "back-off: initial and longest must be at least 0, deadline above 0"
+            )
 
     def waits(self, what: str) -> Callable[[], None]:
         """A function to call after each lost attempt of one operation: it sleeps, or raises
@@ -82,7 +86,7 @@ class Backoff:
                     f"{self.deadline:g} s; too many processes on one counter (give the key "
                     "stripes: idmint keys add NAME --stripes N)"
                 )
-            time.sleep(min(first * attempt, left))
+            time.sleep(min(first * attempt, self.longest, left))
 
         return wait
 

@@ -1,4 +1,5 @@
-"""Worker-id leases on etcd, through its v3 JSON gateway (plain HTTP, httpx).
+"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on etcd,
+through its v3 JSON gateway (plain HTTP, httpx), one client for both.
 
 Keys, under the URL's prefix (default "idmint"), with the namespace percent-encoded:
 
@@ -8,6 +9,7 @@ Keys, under the URL's prefix (default "idmint"), with the namespace percent-enco
                                          and only moves up
     {prefix}/s/{namespace}/{worker_id}   present while the id is reserved for static holders
     {prefix}/meta                        the store's identity: {"id": UUID, "created_ms": ...}
+    {prefix}/c/{key}                     a compare-and-set cell (see EtcdCasStore)
 
 URL: etcd://host:port[,host2:port2...][/prefix]. Endpoints are tried in turn when one cannot
 be connected to.
@@ -37,6 +39,7 @@ from .._fork import ForkAware, orphan
 from ._sql_leases import holder_name
 from ._urls import scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
+from .cas_ranges import CasRangeStore
 from .engine import Engine
 
 DATE_STEP_MS = 1000  # an HTTP Date header counts whole seconds
@@ -96,46 +99,57 @@ def _stored_floor(horizons: dict[int, Json], worker_id: int) -> int:
     return _horizon(horizons.get(worker_id))[0]
 
 
-class EtcdLeaseStore(ForkAware):
-    """A LeaseStore on an etcd cluster; thread-safe (httpx.Client is)."""
+class _EtcdClient(ForkAware):
+    """The HTTP side of one etcd URL, shared by its engine's lease store and cells: endpoints
+    tried in turn, one httpx.Client (thread-safe), the store's identity under the prefix."""
 
     def __init__(
         self, endpoints: list[str], prefix: str, display_url: str, *, timeout: float
     ) -> None:
         self.display_url = display_url
+        self.prefix = prefix
+        self.timeout = timeout
         self._endpoints = endpoints
-        self._prefix = prefix
         self._client = httpx.Client(timeout=timeout)
-        self._leases: dict[str, str] = {}  # owner -> etcd lease id, for renew and release
         self._lock = threading.Lock()
         self._answered = threading.local()  # date_ms: the Date of this thread's last answer
-        self._client_timeout = self._client.timeout  # for a forked child's own client
         self._watch_fork()
 
     def _after_fork(self) -> None:
-        # The parent's pooled sockets and its etcd leases are not the child's.
+        # The parent's pooled sockets are not the child's: an answer could go to either.
         orphan(self._client)
-        self._client = httpx.Client(timeout=self._client_timeout)
-        self._leases = {}
+        self._client = httpx.Client(timeout=self.timeout)
         self._lock = threading.Lock()
         self._answered = threading.local()
 
-    # -- HTTP --------------------------------------------------------------------------------
-
-    def _call(self, path: str, body: Json) -> Json:
-        """POST to the first endpoint that can be connected to; an etcd error is raised."""
+    def _http(self) -> httpx.Client:
+        """The client; a new one after `close` (closing releases connections, nothing else)."""
         self._check_fork()
+        with self._lock:
+            if self._client.is_closed:
+                self._client = httpx.Client(timeout=self.timeout)
+            return self._client
+
+    def call(self, path: str, body: Json) -> Json:
+        """POST to the first endpoint that can be connected to; an etcd error is raised."""
+        client = self._http()
         problems: list[str] = []
         with self._lock:
             endpoints = list(self._endpoints)
         for endpoint in endpoints:
             try:
-                r = self._client.post(f"http://{endpoint}/v3/{path}", json=body)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                r = client.post(f"http://{endpoint}/v3/{path}", json=body)
+            except httpx.ConnectTimeout:
+                problems.append(f"{endpoint}: no connection within {self.timeout:g} s")
+                continue
+            except httpx.ConnectError as exc:  # nothing was sent: the next endpoint may answer
                 problems.append(f"{endpoint}: {exc}")
                 continue
+            except httpx.TimeoutException as exc:  # sent, maybe applied: no failover
+                why = f"{endpoint}: {type(exc).__name__}, no answer within {self.timeout:g} s"
+                raise self.unavailable(why) from None
             except httpx.HTTPError as exc:  # the request may have been applied: no failover
-                raise self._unavailable(f"{endpoint}: {type(exc).__name__} {exc}") from None
+                raise self.unavailable(f"{endpoint}: {type(exc).__name__} {exc}") from None
             with self._lock:  # the endpoint that answered goes first from now on
                 if self._endpoints[0] != endpoint:
                     self._endpoints.remove(endpoint)
@@ -147,27 +161,92 @@ class EtcdLeaseStore(ForkAware):
                 answer: Json = json.loads(text)
             except ValueError:
                 why = f"{endpoint} answered {r.status_code}: {text[:200]}"
-                raise self._unavailable(why) from None
+                raise self.unavailable(why) from None
             error = answer.get("error")
             if r.status_code != 200 or error:
                 message = error.get("message") if isinstance(error, dict) else error
                 raise _EtcdError(str(message or answer.get("message") or r.status_code))
             result: Json = answer.get("result", answer)
             return result
-        raise self._unavailable("; ".join(problems))
+        raise self.unavailable("; ".join(problems))
 
-    def _unavailable(self, why: str) -> StoreUnavailable:
+    def unavailable(self, why: str) -> StoreUnavailable:
         why = " ".join(why.split())
         return StoreUnavailable(f"store {self.display_url} unavailable: {why}")
 
-    def _txn(
+    def txn(
         self, compare: list[Json], success: list[Json], failure: list[Json] | None = None
     ) -> Json:
         body = {"compare": compare, "success": success, "failure": failure or []}
         try:
-            return self._call("kv/txn", body)
+            return self.call("kv/txn", body)
         except _EtcdError as exc:
-            raise self._unavailable(str(exc)) from None
+            raise self.unavailable(str(exc)) from None
+
+    def range(self, body: Json) -> Json:
+        """A /v3/kv/range call: linearizable (etcd's default), answered by the leader's view."""
+        try:
+            return self.call("kv/range", body)
+        except _EtcdError as exc:
+            raise self.unavailable(str(exc)) from None
+
+    def last_date_ms(self) -> int | None:
+        """The store's clock: the Date of this thread's last answer."""
+        date_ms: int | None = getattr(self._answered, "date_ms", None)
+        return date_ms
+
+    def meta(self) -> tuple[StoreIdentity, str]:
+        """The store's identity and its key's mod_revision, made if it is missing. Its creation
+        time is the Date etcd sent with the read that found it missing, rounded up."""
+        key = f"{self.prefix}/meta"
+        found = _kvs(self.txn([], [_range(key)])["responses"][0])
+        if not found:
+            created_ms = (self.last_date_ms() or 0) + DATE_STEP_MS
+            value = json.dumps({"id": uuid.uuid4().hex, "created_ms": created_ms})
+            answer = self.txn([_unchanged(key, "0")], [_put(key, value)], [_range(key)])
+            if answer.get("succeeded"):
+                found = _kvs(self.txn([], [_range(key)])["responses"][0])
+            else:
+                found = _kvs(answer["responses"][0])
+        kv = found[0]
+        data = json.loads(_unb64(kv["value"]))
+        return StoreIdentity(str(data["id"]), int(data["created_ms"])), str(kv["mod_revision"])
+
+    def close(self) -> None:
+        """Close the connections; safe to repeat, and from any of the stores sharing them."""
+        with self._lock:
+            client = self._client
+        client.close()
+
+
+class EtcdLeaseStore(ForkAware):
+    """A LeaseStore on an etcd cluster; thread-safe."""
+
+    def __init__(self, etcd: _EtcdClient) -> None:
+        self.display_url = etcd.display_url
+        self._etcd = etcd
+        self._prefix = etcd.prefix
+        self._leases: dict[str, str] = {}  # owner -> etcd lease id, for renew and release
+        self._lock = threading.Lock()
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # The parent's etcd leases are not the child's (the client resets itself).
+        self._leases = {}
+        self._lock = threading.Lock()
+
+    def _call(self, path: str, body: Json) -> Json:
+        self._check_fork()
+        return self._etcd.call(path, body)
+
+    def _txn(
+        self, compare: list[Json], success: list[Json], failure: list[Json] | None = None
+    ) -> Json:
+        self._check_fork()
+        return self._etcd.txn(compare, success, failure)
+
+    def _unavailable(self, why: str) -> StoreUnavailable:
+        return self._etcd.unavailable(why)
 
     def _lease_call(self, path: str, lease_id: str) -> Json | None:
         """A /v3/lease/ call; None when etcd says the lease does not exist."""
@@ -199,21 +278,7 @@ class EtcdLeaseStore(ForkAware):
         return found[0], found[1], set(found[2])
 
     def _meta(self) -> tuple[StoreIdentity, str]:
-        """The store's identity and its key's mod_revision, made if it is missing. Its creation
-        time is the Date etcd sent with the read that found it missing, rounded up."""
-        key = f"{self._prefix}/meta"
-        found = _kvs(self._txn([], [_range(key)])["responses"][0])
-        if not found:
-            created_ms = (self._last_date_ms() or 0) + DATE_STEP_MS
-            value = json.dumps({"id": uuid.uuid4().hex, "created_ms": created_ms})
-            answer = self._txn([_unchanged(key, "0")], [_put(key, value)], [_range(key)])
-            if answer.get("succeeded"):
-                found = _kvs(self._txn([], [_range(key)])["responses"][0])
-            else:
-                found = _kvs(answer["responses"][0])
-        kv = found[0]
-        data = json.loads(_unb64(kv["value"]))
-        return StoreIdentity(str(data["id"]), int(data["created_ms"])), str(kv["mod_revision"])
+        return self._etcd.meta()
 
     def identity(self) -> StoreIdentity | None:
         return self._meta()[0]
@@ -341,9 +406,7 @@ class EtcdLeaseStore(ForkAware):
         )
 
     def _last_date_ms(self) -> int | None:
-        """The store's clock: the Date of this thread's last answer."""
-        date_ms: int | None = getattr(self._answered, "date_ms", None)
-        return date_ms
+        return self._etcd.last_date_ms()
 
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         lease_keys, horizon_keys, _ = self._keys(lease.namespace)
@@ -391,7 +454,72 @@ class EtcdLeaseStore(ForkAware):
         return int(answer["responses"][0]["response_delete_range"].get("deleted", 0)) > 0
 
     def close(self) -> None:
-        self._client.close()
+        self._etcd.close()
+
+
+SCAN_PAGE = 500  # cells per range request of a scan (4 KB values: 2 MB answers at most)
+
+
+class EtcdCasStore:
+    """A CasStore on etcd: cell `key` is the etcd key `{prefix}/c/{key}`, its version the key's
+    mod_revision (the cluster's revision of its last write: a new one on every change).
+
+    A create is a txn "create_revision == 0 -> put", a swap "mod_revision == version -> put";
+    etcd answers a txn after a majority of members has written it to their logs (fsynced), and
+    every read here is linearizable (etcd's default, not `serializable`), so an answer never
+    comes from a member that lags behind.
+    """
+
+    def __init__(self, etcd: _EtcdClient) -> None:
+        self.display_url = etcd.display_url
+        self._etcd = etcd
+        self._cells = f"{etcd.prefix}/c/"
+
+    def init(self) -> None:
+        """Nothing to create (cells are made by `create`); makes the store's identity."""
+        self._etcd.meta()
+
+    def identity(self) -> StoreIdentity | None:
+        """The identity under this prefix, the lease store's: made on first use."""
+        return self._etcd.meta()[0]
+
+    def read(self, key: str) -> tuple[str, int] | None:
+        kvs = self._etcd.range({"key": _b64(self._cells + key)}).get("kvs", [])
+        if not kvs:
+            return None
+        return _unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])
+
+    def create(self, key: str, value: str) -> bool:
+        cell = self._cells + key
+        return bool(self._etcd.txn([_unchanged(cell, "0")], [_put(cell, value)]).get("succeeded"))
+
+    def swap(self, key: str, version: int, value: str) -> bool:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            return False  # a compare on mod_revision 0 would match a missing key
+        cell = self._cells + key
+        answer = self._etcd.txn([_unchanged(cell, str(version))], [_put(cell, value)])
+        return bool(answer.get("succeeded"))
+
+    def scan(self, prefix: str) -> list[tuple[str, str]]:
+        start = self._cells + prefix
+        body: Json = {"key": _b64(start), "range_end": _prefix_end(start), "limit": SCAN_PAGE}
+        found: list[tuple[str, str]] = []
+        while True:
+            answer = self._etcd.range(body)
+            kvs = answer.get("kvs", [])
+            found += [
+                (_unb64(kv["key"])[len(self._cells) :], _unb64(kv.get("value", ""))) for kv in kvs
+            ]
+            if not answer.get("more") or not kvs:
+                return sorted(found)
+            # The next page starts just past the last key, at the first page's revision: the
+            # pages make one snapshot.
+            body["revision"] = body.get("revision") or answer["header"]["revision"]
+            body["key"] = base64.b64encode(base64.b64decode(kvs[-1]["key"]) + b"\0").decode()
+
+    def close(self) -> None:
+        """Close the connections (the engine's lease store shares them); safe to repeat."""
+        self._etcd.close()
 
 
 def _date_ms(header: str | None) -> int | None:
@@ -408,8 +536,8 @@ class _EtcdError(Exception):
     """etcd answered with an error."""
 
 
-def open_etcd_leases(url: str, display: str, *, timeout: float) -> EtcdLeaseStore:
-    """`etcd://host:port[,host:port...][/prefix]`; the prefix defaults to "idmint"."""
+def _parse_url(url: str, display: str) -> tuple[list[str], str]:
+    """(endpoints, prefix) of `etcd://host:port[,host:port...][/prefix]` (prefix: "idmint")."""
     rest = url.split("://", 1)[1]
     hosts, _, path = rest.partition("/")
     endpoints = [h.strip() for h in hosts.split(",") if h.strip()]
@@ -431,10 +559,20 @@ def open_etcd_leases(url: str, display: str, *, timeout: float) -> EtcdLeaseStor
         raise InvalidArgument(
             f"bad store URL {display!r}: expected etcd://host:port[,host:port...][/prefix]"
         )
-    return EtcdLeaseStore(endpoints, prefix, display, timeout=timeout)
+    return endpoints, prefix
 
 
 def open_etcd_engine(url: str, display: str, *, timeout: float) -> Engine:
-    """The etcd engine of a URL: worker leases (the URL is checked here, no I/O)."""
-    leases = open_etcd_leases(url, display, timeout=timeout)
-    return Engine("etcd", display, {"leases": lambda _: leases})
+    """The etcd engine of a URL: segment keys (over CAS), worker leases and compare-and-set
+    cells, all on one HTTP client. The URL is checked here; no I/O until the first call."""
+    endpoints, prefix = _parse_url(url, display)
+    etcd = _EtcdClient(endpoints, prefix, display, timeout=timeout)
+    return Engine(
+        "etcd",
+        display,
+        {
+            "ranges": lambda engine: CasRangeStore(engine.cas()),
+            "leases": lambda _: EtcdLeaseStore(etcd),
+            "cas": lambda _: EtcdCasStore(etcd),
+        },
+    )

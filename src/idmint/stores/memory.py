@@ -15,18 +15,21 @@ from .base import StoreIdentity
 from .cas_ranges import Backoff, CasRangeStore
 
 _named: dict[str, MemoryCasStore] = {}
+_identities: dict[str, StoreIdentity] = {}  # of named stores: their cells' and leases'
 _named_lock = threading.Lock()
 
 
 class MemoryCasStore:
     """A CasStore in a dict, every operation under one lock."""
 
-    def __init__(self, display_url: str = "memory://") -> None:
+    def __init__(
+        self, display_url: str = "memory://", *, identity: StoreIdentity | None = None
+    ) -> None:
         self.display_url = display_url
         self._cells: dict[str, tuple[str, int]] = {}
         self._lock = threading.Lock()
         self._versions = 0
-        self._identity = StoreIdentity(uuid.uuid4().hex, None)
+        self._identity = identity or StoreIdentity(uuid.uuid4().hex, None)
 
     def init(self) -> None:
         pass
@@ -72,9 +75,21 @@ class MemoryRangeStore(CasRangeStore):
         super().__init__(MemoryCasStore(display_url), backoff=backoff)
 
 
-def open_memory_cas(url: str) -> MemoryCasStore:
+def named_identity(name: str) -> StoreIdentity:
+    """The identity of the memory store `memory://NAME`: one for its cells and its leases."""
+    with _named_lock:
+        return _identities.setdefault(name, StoreIdentity(uuid.uuid4().hex, None))
+
+
+def open_memory_cas(url: str, identity: StoreIdentity | None = None) -> MemoryCasStore:
+    """`memory://NAME` stores are shared within a process by name; `memory://` is new each time
+    (with `identity`, the one its engine's leases have)."""
     name = url[len("memory://") :]
     if not name:
-        return MemoryCasStore(url)
+        return MemoryCasStore(url, identity=identity)
+    identity = named_identity(name)
     with _named_lock:
-        return _named.setdefault(name, MemoryCasStore(url))
+        store = _named.get(name)
+        if store is None:
+            store = _named[name] = MemoryCasStore(url, identity=identity)
+        return store

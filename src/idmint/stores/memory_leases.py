@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from .._errors import LeaseLost, WorkerInUse, WorkersExhausted
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
+from .memory import named_identity
 
 
 @dataclass
@@ -23,7 +24,9 @@ class _Slot:
 class MemoryLeaseStore:
     """Leases judged by one clock (`clock`, monotonic seconds by default), under one lock."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, *, identity: StoreIdentity | None = None
+    ) -> None:
         self.display_url = "memory://"
         self._clock = clock
         self._slots: dict[tuple[str, int], _Slot] = {}
@@ -31,7 +34,7 @@ class MemoryLeaseStore:
         self._lock = threading.Lock()
         # No creation time: a store in this process's memory cannot lose its data under a
         # holder that lives on.
-        self._identity = StoreIdentity(uuid.uuid4().hex, None)
+        self._identity = identity or StoreIdentity(uuid.uuid4().hex, None)
 
     def acquire(
         self,
@@ -137,10 +140,14 @@ _named: dict[str, MemoryLeaseStore] = {}
 _named_lock = threading.Lock()
 
 
-def open_memory_leases(url: str) -> MemoryLeaseStore:
-    """`memory://NAME` stores are shared within a process by name; `memory://` is new each time."""
+def open_memory_leases(url: str, identity: StoreIdentity | None = None) -> MemoryLeaseStore:
+    """`memory://NAME` stores are shared within a process by name; `memory://` is new each time
+    (with `identity`, the one its engine's cells have)."""
     name = url[len("memory://") :]
     if not name:
-        return MemoryLeaseStore()
+        return MemoryLeaseStore(identity=identity)
     with _named_lock:
-        return _named.setdefault(name, MemoryLeaseStore())
+        store = _named.get(name)
+        if store is None:
+            store = _named[name] = MemoryLeaseStore(identity=named_identity(name))
+        return store

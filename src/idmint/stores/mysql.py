@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import DriverMissing, InvalidArgument
-from ._sql import TABLE, Dialect
+from ._sql import CELLS_TABLE, TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
 from ._urls import ENCODE_HINT, misplaced_at, scrub
 
@@ -27,6 +27,18 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     description VARCHAR(256) NOT NULL DEFAULT '',
     updated_at  DATETIME(6)  NOT NULL,
     max_batch   BIGINT       NOT NULL DEFAULT 0
+) ENGINE=InnoDB
+"""
+
+
+# Made before the common schema, whose CREATE TABLE IF NOT EXISTS then leaves it as it is. Cell
+# names compare byte for byte: the default collations ignore case, accents and trailing blanks,
+# which would make "k", "K" and "k " one cell. 1020 bytes: the 255 characters of the others.
+CREATE_CELLS_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {CELLS_TABLE} (
+    name    VARBINARY(1020)                  NOT NULL PRIMARY KEY,
+    value   MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL,
+    version BIGINT                           NOT NULL
 ) ENGINE=InnoDB
 """
 
@@ -78,7 +90,7 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
 
     dialect = Dialect(
         connect=connect,
-        schema=(CREATE_TABLE, CREATE_WORKERS_TABLE),
+        schema=(CREATE_TABLE, CREATE_WORKERS_TABLE, CREATE_CELLS_TABLE),
         now_ms="CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
         begin="START TRANSACTION",
         now="UTC_TIMESTAMP(6)",

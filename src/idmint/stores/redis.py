@@ -1,6 +1,7 @@
-"""Worker-id leases on Redis: `redis://[[user]:password@]host[:port][/db][?prefix=STR]`.
+"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on Redis:
+`redis://[[user]:password@]host[:port][/db][?prefix=STR]`.
 
-Per (namespace, worker id) two keys, both under the URL's prefix (default "idmint"):
+Leases: per (namespace, worker id) two keys, both under the URL's prefix (default "idmint"):
 
     {prefix}:w:{namespace}:{id}   the live lease: the owner string, with a server-side TTL (PX),
                                   so expiry is judged by Redis's clock and nobody else's
@@ -13,18 +14,24 @@ Every multi-step operation is one Lua script, so it is atomic on the server. The
 build key names from their arguments (acquire does not know beforehand which id it will
 take), which is fine on a single Redis or a replicated one, but not on Redis Cluster.
 
+Cells: `{prefix}:c:{key}` and the index `{prefix}:cells` (see RedisCasStore). The store's
+identity, `{prefix}:meta`, is one for both.
+
 Durability is the server's: with `appendonly yes` and `appendfsync always` a recorded horizon
-survives a crash; with weaker settings a crash can lose the last horizon raise.
+and a swapped cell survive a crash; with weaker settings a crash can lose the last horizon
+raise (caught at the next renewal) or the last swaps (ids handed out again: see docs/stores.md).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
+import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -38,6 +45,7 @@ from .._errors import (
 )
 from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
+from .cas_ranges import CasRangeStore
 from .engine import Engine
 
 if TYPE_CHECKING:
@@ -327,6 +335,208 @@ class RedisLeaseStore:
         self._client.close()
 
 
+# Compare-and-set cells: {prefix}:c:{key}, a hash of `value` and `version` (a per-cell counter,
+# from 1), and {prefix}:cells, a sorted set of every cell's key (all scores 0, so ZRANGEBYLEX
+# orders them by their bytes), added in the script that makes the cell: a scan never misses a
+# cell that exists, and needs no KEYS (which walks the whole database).
+
+# KEYS: the cell, the index. ARGV: the key, the value. 1 if made, 0 if the cell exists.
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'value', ARGV[2], 'version', '1')
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
+return 1
+"""
+
+# KEYS: the cell. ARGV: the version as read, the new value. The new version, or 0 when the
+# cell is gone or has another version. Versions are compared as the strings HINCRBY wrote.
+_SWAP = """
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'value', ARGV[2])
+return redis.call('HINCRBY', KEYS[1], 'version', 1)
+"""
+
+# KEYS: the index. ARGV: ZRANGEBYLEX's min and max, the cells' key prefix. {key, value, ...}
+# of the matching cells, read in one atomic step: a snapshot. The cell names are built here
+# from the index (as the lease scripts build theirs): fine on one Redis, not on Redis Cluster.
+_SCAN = """
+local found = {}
+for _, key in ipairs(redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2])) do
+    local value = redis.call('HGET', ARGV[3] .. key, 'value')
+    if value then
+        found[#found + 1] = key
+        found[#found + 1] = value
+    end
+end
+return found
+"""
+
+_log = logging.getLogger(__name__)
+_warned: set[str] = set()  # the stores whose weak persistence was logged: once per process
+_warned_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _RedisErrors:
+    """redis-py's exception classes (the driver is imported only when a redis:// URL is opened)."""
+
+    any: type[Exception]  # RedisError: every failure of the store
+    broken: type[Exception]  # ConnectionError: the connection broke, or could not be made
+    timeout: type[Exception]  # TimeoutError: no answer within the socket timeout
+
+
+def weak_persistence(config: dict[str, str]) -> str | None:
+    """What in a Redis server's CONFIG GET answer can lose a write it already confirmed (a
+    crash then forgets a swap that answered True, and the ranges after it are handed out
+    again); None when it fsyncs every write before answering."""
+    if "appendonly" not in config:  # not an answer about persistence (a proxy?): no opinion
+        return None
+    problems = []
+    if config.get("appendonly") != "yes":
+        problems.append(f"appendonly {config.get('appendonly', '?')}")
+    elif config.get("appendfsync") != "always":
+        problems.append(f"appendfsync {config.get('appendfsync', '?')}")
+    if config.get("appendonly") == "yes" and config.get("no-appendfsync-on-rewrite") == "yes":
+        problems.append("no-appendfsync-on-rewrite yes")
+    return ", ".join(problems) or None
+
+
+class RedisCasStore:
+    """A CasStore on one Redis server (or a primary), under the URL's key prefix.
+
+    Each call is one command or one Lua script, atomic on the server. A cell's change is as
+    durable as the server's persistence makes it: with `appendonly yes` and `appendfsync
+    always`, Redis writes and fsyncs its append-only file before it answers; with anything
+    weaker a crash can forget a swap that answered True. The store logs a warning (once per
+    process) when CONFIG GET shows weaker settings; a server that refuses CONFIG GET (ACLs, a
+    managed Redis) is taken on trust.
+    """
+
+    def __init__(
+        self,
+        client: redis_py.Redis,
+        prefix: str,
+        display_url: str,
+        errors: _RedisErrors,
+        *,
+        timeout: float,
+    ) -> None:
+        self.display_url = display_url
+        self._client = client
+        self._prefix = prefix
+        self._errors = errors
+        self._timeout = timeout
+        self._index = f"{prefix}:cells"
+        self._meta = client.register_script(_META)
+        self._create = client.register_script(_CREATE)
+        self._swap = client.register_script(_SWAP)
+        self._scan = client.register_script(_SCAN)
+        self._checked = False  # the server's persistence settings were looked at
+
+    def _cell(self, key: str) -> str:
+        return f"{self._prefix}:c:{key}"
+
+    def _call(self, op: Callable[[], T], *, idempotent: bool) -> T:
+        """`op`, its failures as StoreUnavailable. A call that only reads is tried again once
+        on a broken connection (a pooled one the server dropped); a write is not, because its
+        outcome is unknown: re-sent after it applied, a swap would find its own version and
+        answer False, and a create would answer "exists", for changes that happened."""
+        errors = self._errors
+        for attempt in (1, 2):
+            try:
+                return op()
+            except errors.broken as exc:
+                if attempt == 1 and idempotent:
+                    continue
+                raise self._unavailable(exc) from exc
+            except errors.any as exc:
+                raise self._unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, self._errors.timeout):
+            reason += f" (no answer within {self._timeout:g} s)"
+        return StoreUnavailable(f"store {self.display_url} unavailable: {reason}")
+
+    def _check_persistence(self) -> None:
+        """Warn once if the server's persistence can lose a confirmed write (see the class)."""
+        if self._checked:
+            return
+        self._checked = True  # whatever happens: one look per store, never a cost per call
+        try:
+            config = cast(dict[str, str], self._client.config_get("*append*"))
+        except self._errors.any:  # refused (NOPERM, renamed), or down: the call will tell
+            return
+        weak = weak_persistence(config)
+        if weak is None:
+            return
+        with _warned_lock:
+            if self.display_url in _warned:
+                return
+            _warned.add(self.display_url)
+        _log.warning(
+            "store %s: Redis runs with %s, so a crash can lose a compare-and-set it already "
+            "confirmed and ids would repeat; set appendonly yes and appendfsync always "
+            "(docs/stores.md)",
+            self.display_url,
+            weak,
+        )
+
+    def init(self) -> None:
+        """Nothing to create (cells are made by `create`): makes the store's identity, and
+        looks at the persistence settings."""
+        self.identity()
+        self._check_persistence()
+
+    def identity(self) -> StoreIdentity | None:
+        """The identity under this prefix, the lease store's: made on first use."""
+        meta = f"{self._prefix}:meta"
+        # Idempotent: a re-run finds the identity its first run made.
+        got = self._call(lambda: self._meta(keys=[meta], args=[uuid.uuid4().hex]), idempotent=True)
+        store_id, created_ms = cast(list[str], got)
+        return StoreIdentity(store_id, int(created_ms))
+
+    def read(self, key: str) -> tuple[str, int] | None:
+        cell = self._cell(key)
+        value, version = self._call(
+            lambda: self._client.hmget(cell, ["value", "version"]), idempotent=True
+        )
+        return None if value is None or version is None else (str(value), int(version))
+
+    def create(self, key: str, value: str) -> bool:
+        keys = [self._cell(key), self._index]
+        made = self._call(lambda: self._create(keys=keys, args=[key, value]), idempotent=False)
+        self._check_persistence()
+        return bool(made)
+
+    def swap(self, key: str, version: int, value: str) -> bool:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            return False  # versions start at 1: nothing has this one
+        keys = [self._cell(key)]
+        swapped = self._call(
+            lambda: self._swap(keys=keys, args=[str(version), value]), idempotent=False
+        )
+        self._check_persistence()
+        return bool(swapped)
+
+    def scan(self, prefix: str) -> list[tuple[str, str]]:
+        # Index entries compare by bytes; no UTF-8 text holds the byte 0xFF, so [prefix up to
+        # (prefix + 0xFF covers every key that starts with prefix and nothing else.
+        low: bytes | str = b"[" + prefix.encode() if prefix else "-"
+        high: bytes | str = b"(" + prefix.encode() + b"\xff" if prefix else "+"
+        args = [low, high, f"{self._prefix}:c:"]
+        found = cast(
+            list[str],
+            self._call(lambda: self._scan(keys=[self._index], args=args), idempotent=True),
+        )
+        return sorted(zip(found[::2], found[1::2], strict=True))
+
+    def close(self) -> None:
+        """Close the connections; safe to repeat (a later call would connect again)."""
+        self._client.close()
+
+
 def _unix_ms(seconds: int, micros: int) -> int:
     """Unix milliseconds from the two halves of Redis's TIME."""
     return seconds * 1000 + micros // 1000
@@ -374,33 +584,60 @@ def _parse(url: str, display: str) -> dict[str, Any]:
     }
 
 
-def open_redis_leases(url: str, display: str, *, timeout: float) -> RedisLeaseStore:
-    """A RedisLeaseStore; no I/O happens until the first operation."""
-    args = _parse(url, display)
+def _driver() -> Any:
+    """The redis module, or DriverMissing naming the extra to install."""
     try:
         import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
     except ImportError:
         raise DriverMissing(
             "redis:// stores need the redis driver: pip install 'idmint[redis]'"
         ) from None
-    prefix = args.pop("prefix")
-    client = redis.Redis(
+    return redis
+
+
+def _client(redis: Any, args: dict[str, Any], timeout: float, *, retries: int) -> Any:
+    """A redis.Redis (its own connection pool) on the parsed URL's server; no I/O."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis(
         **args,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         decode_responses=True,
-        # One immediate retry on a broken connection (a pooled one the server dropped, say),
-        # none on a timeout: `timeout` bounds each operation.
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+        # Retries are immediate and only on a broken connection, never on a timeout:
+        # `timeout` bounds each operation.
+        retry=Retry(NoBackoff(), retries, supported_errors=(redis.exceptions.ConnectionError,)),
     )
-    # Connection errors and timeouts above all, but also a server that refuses to write
-    # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.
-    return RedisLeaseStore(client, prefix, display, (redis.exceptions.RedisError,))
 
 
 def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
-    """The redis engine of a URL: worker leases (the URL is checked here, no I/O)."""
-    leases = open_redis_leases(url, display, timeout=timeout)
-    return Engine("redis", display, {"leases": lambda _: leases})
+    """The redis engine of a URL: segment keys (over CAS), worker leases and compare-and-set
+    cells. The URL is checked and the driver imported here; no I/O until the first call."""
+    args = _parse(url, display)
+    redis = _driver()
+    prefix = args.pop("prefix")
+    # Connection errors and timeouts above all, but also a server that refuses to write
+    # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.
+    errors = _RedisErrors(
+        any=redis.exceptions.RedisError,
+        broken=redis.exceptions.ConnectionError,
+        timeout=redis.exceptions.TimeoutError,
+    )
+
+    def leases(_: Engine) -> RedisLeaseStore:
+        # One immediate retry on a broken connection (a pooled one the server dropped, say).
+        client = _client(redis, args, timeout, retries=1)
+        return RedisLeaseStore(client, prefix, display, (errors.any,))
+
+    def cas(_: Engine) -> RedisCasStore:
+        # No retry inside the driver: a swap re-sent after its reply was lost would find its
+        # own write and answer False for a swap that happened (see RedisCasStore._call).
+        client = _client(redis, args, timeout, retries=0)
+        return RedisCasStore(client, prefix, display, errors, timeout=timeout)
+
+    return Engine(
+        "redis",
+        display,
+        {"ranges": lambda engine: CasRangeStore(engine.cas()), "leases": leases, "cas": cas},
+    )

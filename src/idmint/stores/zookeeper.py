@@ -1,4 +1,5 @@
-"""Worker-id leases on ZooKeeper: `zk://host:port[,host:port...]/chroot` (chroot: /idmint).
+"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on
+ZooKeeper: `zk://host:port[,host:port...]/chroot` (chroot: /idmint).
 
 Worker ids as Leaf does them with ZooKeeper, but fenced. Under the chroot:
 
@@ -10,6 +11,7 @@ Worker ids as Leaf does them with ZooKeeper, but fenced. Under the chroot:
   leases, only moves up (compare-and-set on its version), and names the holder that last moved
   it: a holder whose id has been taken over can never raise it again, and a new holder reads
   its floor after its lease node exists, so after the old session ended.
+- `c/{key percent-encoded}`, a compare-and-set cell: a PERSISTENT node (see ZooKeeperCasStore).
 
 ZooKeeper sessions belong to clients, while every lease has its own ttl. So every lease gets its
 own KazooClient, whose session timeout is the lease's ttl as the server negotiates it (clamped
@@ -19,8 +21,9 @@ its leases when their sessions expire. A live process that stops renewing loses 
 the other stores: a timer closes a lease's session when `renew` has not been called for ttl
 seconds, which deletes the lease node at once. A lease whose session ended is lost for good:
 renew raises LeaseLost even if nobody has taken the id since. A lease's ttl is the shorter of
-the ttl asked for and the negotiated session timeout. `close` stops only the store's
-shared client; open leases keep their sessions until released or until their ttl runs out.
+the ttl asked for and the negotiated session timeout. `close` stops only the engine's
+shared session (the cells' and the lease store's reads); open leases keep their sessions until
+released or until their ttl runs out.
 
 The store's clock that a lease reports is the horizon node's mtime after a write: the time the
 ZooKeeper leader gave that write.
@@ -34,10 +37,12 @@ import json
 import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import quote, unquote
 
 from .._errors import (
     DriverMissing,
@@ -59,6 +64,7 @@ from .base import (
     forgotten,
     pick_worker,
 )
+from .cas_ranges import CasRangeStore
 from .engine import Engine
 
 DEFAULT_CHROOT = "/idmint"
@@ -137,10 +143,21 @@ class _Session:
             return "LOST"
         return str(self._client.state)
 
+    def connected(self) -> bool:
+        """The client has a live connection now (to this session or, after one expired, to
+        the new one kazoo opened: unlike `state`, which counts that as LOST)."""
+        return str(self._client.state) == "CONNECTED"
+
     def _wait(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._answer(call(*args, **kwargs), self._timeout)
+
+    def _answer(self, pending: Any, timeout: float) -> Any:
+        """The answer to a request already sent (a kazoo IAsyncResult), waited for at most
+        `timeout`. A request whose outcome is unknown (the connection was lost before its
+        answer, or none came in time) raises StoreUnavailable: it may have been applied."""
         kz = self._kz
         try:
-            answer = call(*args, **kwargs).get(timeout=self._timeout)
+            answer = pending.get(timeout=max(timeout, 0.0))
             self._stalled = False
             return answer
         except (kz.no_node, kz.node_exists, kz.bad_version):
@@ -158,6 +175,43 @@ class _Session:
         """The node's data and version. Raises NoNodeError."""
         data, stat = self._wait(self._client.get_async, path)
         return bytes(data), int(stat.version)
+
+    def synced_get(self, path: str) -> tuple[bytes, int]:
+        """`get` after a sync: the answering server has caught up with the leader as of the
+        call, so the read is not stale. Sent back to back: a session's requests are handled
+        in order, so the read waits for the sync on the server, not for a round trip here."""
+        deadline = time.monotonic() + self._timeout
+        synced = self._client.sync_async(path)
+        got = self._client.get_async(path)
+        self._answer(synced, self._timeout)
+        data, stat = self._answer(got, deadline - time.monotonic())
+        return bytes(data), int(stat.version)
+
+    def synced_children(self, path: str) -> list[str]:
+        """`children` after a sync (see synced_get); none if the node does not exist."""
+        deadline = time.monotonic() + self._timeout
+        synced = self._client.sync_async(path)
+        listed = self._client.get_children_async(path)
+        self._answer(synced, self._timeout)
+        try:
+            return [str(c) for c in self._answer(listed, deadline - time.monotonic())]
+        except self._kz.no_node:
+            return []
+
+    def get_many(self, paths: list[str]) -> list[tuple[bytes, int] | None]:
+        """Each node's data and version (None for a node that is gone), every request sent
+        before the first answer is waited for; all within one timeout."""
+        deadline = time.monotonic() + self._timeout
+        pending = [self._client.get_async(path) for path in paths]
+        found: list[tuple[bytes, int] | None] = []
+        for each in pending:
+            try:
+                data, stat = self._answer(each, deadline - time.monotonic())
+            except self._kz.no_node:
+                found.append(None)
+                continue
+            found.append((bytes(data), int(stat.version)))
+        return found
 
     def created(self, path: str) -> tuple[bytes, int]:
         """The node's data and its ctime (the leader's Unix ms). Raises NoNodeError."""
@@ -229,29 +283,81 @@ def _parse_horizon(data: bytes) -> tuple[int, str]:
     return int(horizon), owner
 
 
-class ZooKeeperLeaseStore(ForkAware):
-    """A LeaseStore on ZooKeeper: one session per lease, one shared session for reading."""
+class _SharedSession(ForkAware):
+    """The one session of an engine that holds no ephemeral nodes: the lease store's reads and
+    every compare-and-set cell share it. Opened on first use; after `close`, the next use
+    opens another. kazoo reconnects it by itself, to a new session if the old one expired,
+    which is fine for what it does: nothing it made dies with it."""
 
-    def __init__(
-        self, kz: _Kazoo, hosts: str, chroot: str, display_url: str, timeout: float
-    ) -> None:
-        self.display_url = display_url
-        self._kz, self._hosts, self._root, self._timeout = kz, hosts, chroot, timeout
-        self._shared_session: _Session | None = None
-        self._held: dict[str, _Held] = {}
-        self._lock = threading.Lock()  # guards _held
-        self._connect_lock = threading.Lock()
+    def __init__(self, kz: _Kazoo, hosts: str, display_url: str, timeout: float) -> None:
+        self._kz, self._hosts, self._display, self._timeout = kz, hosts, display_url, timeout
+        self._session: _Session | None = None
+        self._lock = threading.Lock()
         self._watch_fork()
 
     def _after_fork(self) -> None:
-        # kazoo's threads did not survive the fork, and the sessions are the parent's: closing
-        # one here would end the parent's leases. Leave them, and start afresh.
-        orphan(self._shared_session)
+        # kazoo's threads did not survive the fork, and the session is the parent's: closing
+        # it here would close it for the parent. Leave it, and start afresh.
+        orphan(self._session)
+        self._session = None
+        self._lock = threading.Lock()
+
+    def get(self) -> _Session:
+        self._check_fork()
+        with self._lock:
+            if self._session is None:
+                session = _Session(
+                    self._kz, self._hosts, self._display, SHARED_SESSION_TIMEOUT, self._timeout
+                )
+                session.start()
+                self._session = session
+            return self._session
+
+    def close(self) -> None:
+        """Close the session if one is open: safe to repeat, and from any store sharing it."""
+        with self._lock:
+            session, self._session = self._session, None
+        if session is not None:
+            session.stop()
+
+
+def _identity(kz: _Kazoo, session: _Session, root: str) -> StoreIdentity:
+    """The store's identity, made if it is missing; its creation time is the node's ctime."""
+    path = f"{root}/meta"
+    while True:
+        try:
+            data, ctime = session.created(path)
+            return StoreIdentity(data.decode(), ctime)
+        except kz.no_node:
+            with contextlib.suppress(kz.node_exists):
+                session.create(path, uuid.uuid4().hex.encode())
+
+
+class ZooKeeperLeaseStore(ForkAware):
+    """A LeaseStore on ZooKeeper: one session per lease, the engine's shared one for reading."""
+
+    def __init__(
+        self,
+        kz: _Kazoo,
+        hosts: str,
+        chroot: str,
+        display_url: str,
+        timeout: float,
+        shared: _SharedSession,
+    ) -> None:
+        self.display_url = display_url
+        self._kz, self._hosts, self._root, self._timeout = kz, hosts, chroot, timeout
+        self._shared_session = shared
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()  # guards _held
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # The lease sessions are the parent's: closing one here would end the parent's lease.
+        # Leave them, and start afresh (the shared session resets itself).
         orphan(self._held)
-        self._shared_session = None
         self._held = {}
         self._lock = threading.Lock()
-        self._connect_lock = threading.Lock()
 
     def _session(self, session_timeout: float) -> _Session:
         session = _Session(self._kz, self._hosts, self.display_url, session_timeout, self._timeout)
@@ -259,12 +365,8 @@ class ZooKeeperLeaseStore(ForkAware):
         return session
 
     def _shared(self) -> _Session:
-        # kazoo reconnects by itself, to a new session if the old one expired: fine for reads
         self._check_fork()
-        with self._connect_lock:
-            if self._shared_session is None:
-                self._shared_session = self._session(SHARED_SESSION_TIMEOUT)
-            return self._shared_session
+        return self._shared_session.get()
 
     def _paths(self, namespace: str, worker_id: int | None = None) -> tuple[str, str]:
         check_key_name(namespace)  # so it is one safe path component
@@ -275,15 +377,7 @@ class ZooKeeperLeaseStore(ForkAware):
         return f"{self._root}/s/{check_key_name(namespace)}"
 
     def _identity(self, session: _Session) -> StoreIdentity:
-        """The store's identity, made if it is missing; its creation time is the node's ctime."""
-        path = f"{self._root}/meta"
-        while True:
-            try:
-                data, ctime = session.created(path)
-                return StoreIdentity(data.decode(), ctime)
-            except self._kz.no_node:
-                with contextlib.suppress(self._kz.node_exists):
-                    session.create(path, uuid.uuid4().hex.encode())
+        return _identity(self._kz, session, self._root)
 
     def identity(self) -> StoreIdentity | None:
         return self._identity(self._shared())
@@ -554,10 +648,97 @@ class ZooKeeperLeaseStore(ForkAware):
         return True
 
     def close(self) -> None:
-        with self._connect_lock:
-            shared, self._shared_session = self._shared_session, None
-        if shared is not None:
-            shared.stop()
+        self._shared_session.close()
+
+
+def _node_name(key: str) -> str:
+    """A cell's key as one node name: percent-encoded, every byte but A-Z a-z 0-9 - _ ~, so a
+    "/" cannot nest it and neither the characters ZooKeeper refuses in names nor the names
+    "." and ".." can occur. The empty key is "%", which no encoded key can be."""
+    return quote(key, safe="").replace(".", "%2E") or "%"
+
+
+def _cell_key(node_name: str) -> str:
+    return "" if node_name == "%" else unquote(node_name)
+
+
+class ZooKeeperCasStore:
+    """A CasStore on ZooKeeper: cell `key` is the persistent node `c/{key percent-encoded}`
+    under the chroot, its version the node's data version (stat.version, from 0).
+
+    A create is a create (NodeExists: False); a swap is a setData with the expected version
+    (BadVersion, NoNode: False). ZooKeeper answers a write once a quorum has logged it (fsynced
+    unless the servers run with forceSync=no), in one order for all. Reads are sync + read:
+    a server may lag the leader, and the sync makes it catch up first. A request whose answer
+    never came (the connection was lost, or the timeout passed) raises StoreUnavailable: it
+    may have been applied.
+    """
+
+    def __init__(self, kz: _Kazoo, shared: _SharedSession, chroot: str, display_url: str) -> None:
+        self.display_url = display_url
+        self._kz, self._shared, self._root = kz, shared, chroot
+        self._cells = f"{chroot}/c"
+
+    def _path(self, key: str) -> str:
+        return f"{self._cells}/{_node_name(key)}"
+
+    def init(self) -> None:
+        """Nothing to create (cells are made by `create`); makes the store's identity."""
+        self.identity()
+
+    def identity(self) -> StoreIdentity | None:
+        """The identity under this chroot, the lease store's: made on first use."""
+        return _identity(self._kz, self._shared.get(), self._root)
+
+    def read(self, key: str) -> tuple[str, int] | None:
+        try:
+            data, version = self._shared.get().synced_get(self._path(key))
+        except self._kz.no_node:
+            return None
+        return data.decode(), version
+
+    def _writer(self) -> _Session:
+        """The shared session, if it is connected now. kazoo holds requests made while it is
+        reconnecting and sends them when it is back: a write could then apply long after its
+        caller gave up on it. Not sending it at all is the one outcome the caller can know."""
+        session = self._shared.get()
+        if not session.connected():
+            raise StoreUnavailable(
+                f"store {self.display_url} unavailable: connection lost, reconnecting"
+            )
+        return session
+
+    def create(self, key: str, value: str) -> bool:
+        try:
+            self._writer().create(self._path(key), value.encode())
+        except self._kz.node_exists:
+            return False
+        return True
+
+    def swap(self, key: str, version: int, value: str) -> bool:
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**31:
+            # ZooKeeper takes -1 for "any version", and versions are 32-bit: a larger one
+            # would break kazoo's connection thread rather than be refused.
+            return False
+        try:
+            self._writer().set(self._path(key), value.encode(), version)
+        except (self._kz.bad_version, self._kz.no_node):
+            return False
+        return True
+
+    def scan(self, prefix: str) -> list[tuple[str, str]]:
+        session = self._shared.get()
+        cells = sorted(
+            (key, name)
+            for name in session.synced_children(self._cells)
+            if (key := _cell_key(name)).startswith(prefix)
+        )
+        found = session.get_many([f"{self._cells}/{name}" for _, name in cells])
+        return [(key, got[0].decode()) for (key, _), got in zip(cells, found, strict=True) if got]
+
+    def close(self) -> None:
+        """Close the engine's shared session (the lease store's too); safe to repeat."""
+        self._shared.close()
 
 
 def _parse_url(url: str, display: str) -> tuple[str, str]:
@@ -580,15 +761,14 @@ def _parse_url(url: str, display: str) -> tuple[str, str]:
     return hosts, ("/" + path) if path else DEFAULT_CHROOT
 
 
-def open_zookeeper_leases(url: str, display: str, *, timeout: float) -> ZooKeeperLeaseStore:
-    """A lease store on the ZooKeeper ensemble a zk:// URL names. Connects on first use."""
+def _kazoo() -> _Kazoo:
+    """The parts of kazoo used here, or DriverMissing naming the extra to install."""
     try:
         from kazoo import exceptions
         from kazoo.client import KazooClient
     except ImportError:
         raise DriverMissing("zk:// stores need kazoo: pip install 'idmint[zookeeper]'") from None
-    hosts, chroot = _parse_url(url, display)
-    kz = _Kazoo(
+    return _Kazoo(
         client=KazooClient,
         no_node=exceptions.NoNodeError,
         node_exists=exceptions.NodeExistsError,
@@ -596,10 +776,21 @@ def open_zookeeper_leases(url: str, display: str, *, timeout: float) -> ZooKeepe
         session_gone=exceptions.SessionExpiredError,
         error=exceptions.KazooException,
     )
-    return ZooKeeperLeaseStore(kz, hosts, chroot, display, timeout)
 
 
 def open_zookeeper_engine(url: str, display: str, *, timeout: float) -> Engine:
-    """The zookeeper engine of a URL: worker leases (the URL is checked here, no I/O)."""
-    leases = open_zookeeper_leases(url, display, timeout=timeout)
-    return Engine("zookeeper", display, {"leases": lambda _: leases})
+    """The zookeeper engine of a URL: segment keys (over CAS), worker leases and
+    compare-and-set cells, sharing one session (leases add one each). The URL is checked and
+    kazoo imported here; no I/O until the first call."""
+    hosts, chroot = _parse_url(url, display)
+    kz = _kazoo()
+    shared = _SharedSession(kz, hosts, display, timeout)
+    return Engine(
+        "zookeeper",
+        display,
+        {
+            "ranges": lambda engine: CasRangeStore(engine.cas()),
+            "leases": lambda _: ZooKeeperLeaseStore(kz, hosts, chroot, display, timeout, shared),
+            "cas": lambda _: ZooKeeperCasStore(kz, shared, chroot, display),
+        },
+    )

@@ -472,12 +472,12 @@ class SegmentGenerator(ForkAware):
                 if not self._move_stripe():
                     raise Exhausted(self.key, exc.last_id) from exc
                 continue
+            self._conflicts += taken.conflicts
             if self._stripes is None:
                 self._learn_stripes(taken.key.stripes, taken.key.stripe)
                 if self.options.stripe is None and taken.key.stripes > 1:
                     self._stripe = _jitter.randrange(taken.key.stripes)
             elif taken.conflicts:
-                self._conflicts += taken.conflicts
                 self._move_stripe()
             return taken
 
