@@ -237,6 +237,7 @@ class _Driver:
     invalid_request: type[Exception]
     write_timeout: type[Exception]
     timed_out: type[Exception]  # the driver's own deadline: OperationTimedOut
+    no_host: type[Exception]  # NoHostAvailable: every node the request could go to failed
     cas_write_type: int
     errors: tuple[type[BaseException], ...]  # every failure of the store, not of the caller
 
@@ -266,6 +267,7 @@ def _import_driver() -> _Driver:
         invalid_request=cassandra.InvalidRequest,
         write_timeout=cassandra.WriteTimeout,
         timed_out=cassandra.OperationTimedOut,
+        no_host=cassandra.cluster.NoHostAvailable,
         cas_write_type=cassandra.WriteType.CAS,
         errors=(
             cassandra.DriverException,  # timeouts, Unavailable, refused requests
@@ -466,16 +468,33 @@ class _Connection(ForkAware):
         """`body(session)`, driver errors mapped to StoreUnavailable; a keyspace or table
         dropped behind our back is made again (a new identity with it) and the body rerun."""
         for attempt in (1, 2):
+            session = None
             try:
-                return body(self._connected())
+                session = self._connected()
+                return body(session)
             except self._driver.invalid_request as exc:
                 if attempt == 1 and _MISSING_SCHEMA.search(str(exc)):
                     self._schema_lost()
                     continue
                 self.fail(exc)
             except self._driver.errors as exc:
+                if session is not None and isinstance(exc, self._driver.no_host):
+                    self._drop(session)
                 self.fail(exc)
         raise AssertionError("unreachable")
+
+    def _drop(self, session: Any) -> None:
+        """Forget a session that has no node left to ask: the next call connects afresh, and so
+        finds a node the moment it is back (the driver would look again only on its
+        reconnection schedule). While every node is down a connection is refused at once."""
+        with self._lock:
+            if self._session is not session:
+                return  # another thread dropped it already
+            cluster, self._cluster, self._session = self._cluster, None, None
+            self._prepared = {}
+        closer = threading.Thread(target=cluster.shutdown, name="idmint-cassandra-close")
+        closer.daemon = True
+        closer.start()
 
     def _schema_lost(self) -> None:
         try:
