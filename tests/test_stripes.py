@@ -8,6 +8,7 @@ rather than in lockstep.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -181,3 +182,23 @@ def test_many_clients_on_one_counter_all_make_progress(store_url: str) -> None:
     # handler is unfair to a writer that waited, so no share is asserted.)
     assert all(mine for mine in taken), sorted(map(len, taken))
     assert_disjoint([r for mine in taken for r in mine])
+
+
+def test_forked_children_back_off_at_different_moments() -> None:
+    """A forked worker pool (gunicorn --preload, celery) must not inherit one random state:
+    its workers would collide, then retry, in lockstep."""
+    firsts = []
+    for _ in range(4):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report its first wait, then leave at once
+            slept: list[float] = []
+            time.sleep = slept.append  # type: ignore[assignment]  # the child's own module
+            Backoff(initial=0.01, deadline=60.0).waits("child")()
+            os.write(write, repr(slept[0]).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as got:
+            firsts.append(float(got.read()))
+        os.waitpid(pid, 0)
+    assert len(set(firsts)) == 4, firsts

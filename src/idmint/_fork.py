@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import os
+import random
 import threading
 import weakref
 from typing import Any
@@ -69,3 +70,13 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def private_random() -> random.Random:
+    """A random generator of our own (the application's `random` sequence stays its own),
+    reseeded in every forked child: a copied state would make forked workers draw the same
+    back-off waits and stripes, colliding in lockstep."""
+    rng = random.Random()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=rng.seed)
+    return rng

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import random
 import threading
 
 from ._errors import Closed, Exhausted, InvalidArgument
-from ._fork import ForkAware
+from ._fork import ForkAware, private_random
 from .ids import (
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
@@ -33,7 +32,7 @@ log = logging.getLogger("idmint")
 #: Seconds Minter.close() waits for generators to give their ranges back.
 CLOSE_TIMEOUT = 10.0
 
-_jitter = random.Random()  # our own: leaves the global generator's sequence to the application
+_jitter = private_random()
 
 
 def allocate_any(

@@ -17,7 +17,6 @@ first allocation on the stripe makes it from the key's cell, so there is one way
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from .._errors import InvalidArgument, KeyExists, KeyNotFound, StoreUnavailable
+from .._fork import private_random
 from ..ids import (
     Allocation,
     Key,
@@ -41,7 +41,7 @@ from .base import CasStore, StoreIdentity
 T = TypeVar("T")
 
 KEY_PREFIX = "key/"
-_jitter = random.Random()  # our own: leaves the global generator's sequence to the application
+_jitter = private_random()
 
 
 def cell_name(name: str, stripe: int = 0) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from .._errors import (
     KeyNotFound,
     StoreUnavailable,
 )
-from .._fork import ForkAware
+from .._fork import ForkAware, private_random
 from ..ids import Allocation, Range, check_count, check_key_name, check_stripe
 from ..stores.base import RangeStore
 
@@ -46,7 +45,7 @@ class _WouldBlock(Exception):
 
 
 MAX_BATCH = 1_000_000
-_jitter = random.Random()  # our own: leaves the global generator's sequence to the application
+_jitter = private_random()
 
 
 @dataclass(frozen=True)
