@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from idmint import Range
+from idmint import Range, StoreUnavailable
 
 
 def assert_unique(ids: Iterable[int]) -> int:
@@ -55,3 +56,45 @@ def run_threads(target: Callable[[], None], count: int) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+Outcome = tuple[BaseException | None, float]
+
+
+def race(calls: dict[str, Callable[[], object]], bound: float) -> dict[str, Outcome]:
+    """Run the calls at once, each on its own thread; what each raised and how long it took.
+    A call still blocked well past bound is missing from the answer (its thread is left to the
+    server's resume)."""
+    outcomes: dict[str, Outcome] = {}
+
+    def run(name: str, call: Callable[[], object]) -> None:
+        started = time.monotonic()
+        try:
+            call()
+            outcomes[name] = (None, time.monotonic() - started)
+        except BaseException as exc:
+            outcomes[name] = (exc, time.monotonic() - started)
+
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in calls.items()]
+    for thread in threads:
+        thread.start()
+    give_up = time.monotonic() + bound + 10
+    for thread in threads:
+        thread.join(max(0.0, give_up - time.monotonic()))
+    return outcomes
+
+
+def assert_within_bound(bound: float, calls: dict[str, Callable[[], object]]) -> None:
+    """Every call, run at once on its own thread, raises StoreUnavailable within `bound` s."""
+    outcomes = race(calls, bound)
+    problems = []
+    for name in calls:
+        if name not in outcomes:
+            problems.append(f"{name}: still blocked after {bound + 10:g} s")
+            continue
+        exc, took = outcomes[name]
+        if not isinstance(exc, StoreUnavailable):
+            problems.append(f"{name}: {exc!r} after {took:.1f} s, not StoreUnavailable")
+        elif took > bound:
+            problems.append(f"{name}: StoreUnavailable after {took:.1f} s (bound {bound:g} s)")
+    assert not problems, "\n".join(problems)

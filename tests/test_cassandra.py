@@ -11,7 +11,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from idmint.ids import ID_MAX
 from idmint.stores import open_engine
 from idmint.stores.cassandra import parse_url
 
-from checks import assert_unique, assert_within, run_threads
+from checks import assert_unique, assert_within, assert_within_bound, run_threads
 from server_cassandra import CassandraServer
 from servers import wait_until
 
@@ -232,31 +231,6 @@ def private_server() -> Iterator[CassandraServer]:
     server.close()
 
 
-def fails_fast(calls: dict[str, Callable[[], object]]) -> None:
-    """Each call, run at once on its own thread, raises StoreUnavailable within BOUND."""
-    outcomes: dict[str, tuple[BaseException | None, float]] = {}
-
-    def run(name: str, call: Callable[[], object]) -> None:
-        started = time.monotonic()
-        try:
-            call()
-            outcomes[name] = (None, time.monotonic() - started)
-        except BaseException as exc:
-            outcomes[name] = (exc, time.monotonic() - started)
-
-    threads = [threading.Thread(target=run, args=c, daemon=True) for c in calls.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(BOUND + 10)
-    problems = []
-    for name in calls:
-        exc, took = outcomes.get(name, (None, float("inf")))
-        if not isinstance(exc, StoreUnavailable) or took > BOUND:
-            problems.append(f"{name}: {exc!r} after {took:.1f} s")
-    assert not problems, "\n".join(problems)
-
-
 def works(call: Callable[..., object], *args: object) -> bool:
     try:
         call(*args)
@@ -276,12 +250,13 @@ def test_a_killed_then_paused_node(private_server: CassandraServer) -> None:
 
     server.kill()  # SIGKILL: a crash
     newcomer = open_engine(url, timeout=TIMEOUT)
-    fails_fast(
+    assert_within_bound(
+        BOUND,
         {
             "allocate, connected before": lambda: ranges.allocate("k"),
             "renew, connected before": lambda: leases.renew(lease, NOW + 1),
             "allocate, connecting while down": lambda: newcomer.ranges().allocate("k"),
-        }
+        },
     )
     server.start()  # same data, same port: it replays its commit log
     # The same store objects work again by themselves, with what was written before the kill.
@@ -294,7 +269,8 @@ def test_a_killed_then_paused_node(private_server: CassandraServer) -> None:
     server.pause()  # SIGSTOP: a hung node whose sockets stay open
     late = open_engine(url, timeout=TIMEOUT)
     try:
-        fails_fast(
+        assert_within_bound(
+            BOUND,
             {
                 "allocate, connected before": lambda: ranges.allocate("k"),
                 "renew, connected before": lambda: leases.renew(lease, NOW + 3),
@@ -307,7 +283,7 @@ def test_a_killed_then_paused_node(private_server: CassandraServer) -> None:
                     f"holders, waiting for it ({n})": functools.partial(late.leases().holders, "ns")
                     for n in range(4)
                 },
-            }
+            },
         )
     finally:
         server.resume()

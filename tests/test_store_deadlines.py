@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +24,7 @@ from idmint import IdmintError, StoreUnavailable
 from idmint.stores import open_engine, open_lease_store, open_store
 from idmint.stores.base import Lease, LeaseStore, RangeStore
 
+from checks import assert_within_bound
 from servers import MariaDBServer, PostgresServer, wait_until
 
 TIMEOUT = 1.0
@@ -36,47 +35,6 @@ TIMEOUT = 1.0
 BOUND = TIMEOUT + 3.0
 NOW = 1_800_000_000_000
 KV_SERVERS = {"redis": "RedisServer", "etcd": "EtcdServer", "zookeeper": "ZooKeeperServer"}
-
-Outcome = tuple[BaseException | None, float]
-
-
-def race(calls: dict[str, Callable[[], object]]) -> dict[str, Outcome]:
-    """Run the calls at once, each on its own thread; what each raised and how long it took.
-    A call still blocked well past BOUND is missing from the answer (its thread is left to the
-    server's resume)."""
-    outcomes: dict[str, Outcome] = {}
-
-    def run(name: str, call: Callable[[], object]) -> None:
-        started = time.monotonic()
-        try:
-            call()
-            outcomes[name] = (None, time.monotonic() - started)
-        except BaseException as exc:
-            outcomes[name] = (exc, time.monotonic() - started)
-
-    threads = [threading.Thread(target=run, args=item, daemon=True) for item in calls.items()]
-    for thread in threads:
-        thread.start()
-    give_up = time.monotonic() + BOUND + 10
-    for thread in threads:
-        thread.join(max(0.0, give_up - time.monotonic()))
-    return outcomes
-
-
-def assert_bounded(calls: dict[str, Callable[[], object]]) -> None:
-    """Every call raises StoreUnavailable within BOUND."""
-    outcomes = race(calls)
-    problems = []
-    for name in calls:
-        if name not in outcomes:
-            problems.append(f"{name}: still blocked after {BOUND + 10:g} s")
-            continue
-        exc, took = outcomes[name]
-        if not isinstance(exc, StoreUnavailable):
-            problems.append(f"{name}: {exc!r} after {took:.1f} s, not StoreUnavailable")
-        elif took > BOUND:
-            problems.append(f"{name}: StoreUnavailable after {took:.1f} s (bound {BOUND:g} s)")
-    assert not problems, "\n".join(problems)
 
 
 def works(call: Callable[..., object], *args: object) -> bool:
@@ -119,7 +77,8 @@ def test_sql_calls_end_on_a_paused_server(private_sql_server: Any) -> None:
 
     server.pause()
     try:
-        assert_bounded(
+        assert_within_bound(
+            BOUND,
             {
                 "allocate, connected before": lambda: ranges.allocate("k"),
                 "renew, connected before": lambda: leases.renew(lease, NOW + 1),
@@ -127,7 +86,7 @@ def test_sql_calls_end_on_a_paused_server(private_sql_server: Any) -> None:
                 "acquire, connecting during": lambda: new_leases().acquire(
                     "ns", workers=8, ttl=60, horizon_ms=NOW
                 ),
-            }
+            },
         )
     finally:
         server.resume()
@@ -170,7 +129,8 @@ def test_kv_calls_end_on_a_paused_server(private_kv_server: Any) -> None:
     cells.scan("")
     server.pause()
     try:
-        assert_bounded(
+        assert_within_bound(
+            BOUND,
             {
                 "renew, connected before": lambda: store.renew(lease, NOW + 1),
                 "holders, connected before": lambda: store.holders("ns"),
@@ -182,7 +142,7 @@ def test_kv_calls_end_on_a_paused_server(private_kv_server: Any) -> None:
                 "cas swap, connected before": lambda: cells.swap("c", version, "w"),
                 "cas scan, connected before": lambda: cells.scan(""),
                 "cas create, connecting during": lambda: new_cells.create("d", "v"),
-            }
+            },
         )
     finally:
         server.resume()
@@ -220,8 +180,8 @@ def test_postgres_allocate_gives_up_on_a_locked_row(postgres: PostgresServer) ->
     store.add_key("k", step=10, first_id=1, last_id=10**12)
     with psycopg.connect(url) as holder:  # a transaction, left open: its process is stuck
         holder.execute("SELECT * FROM idmint_keys WHERE name = 'k' FOR UPDATE")
-        assert_bounded({"allocate": lambda: store.allocate("k")})
-        assert_bounded({"allocate a count": lambda: store.allocate("k", 5)})
+        assert_within_bound(BOUND, {"allocate": lambda: store.allocate("k")})
+        assert_within_bound(BOUND, {"allocate a count": lambda: store.allocate("k", 5)})
         holder.rollback()
     assert store.allocate("k").range.start == 1  # nothing was taken meanwhile
     store.close()
@@ -238,7 +198,7 @@ def test_mariadb_allocate_gives_up_on_a_locked_row(mariadb: MariaDBServer) -> No
         with holder.cursor() as cur:
             cur.execute("START TRANSACTION")
             cur.execute("SELECT * FROM idmint_keys WHERE name = 'k' FOR UPDATE")
-            assert_bounded({"allocate": lambda: store.allocate("k")})
+            assert_within_bound(BOUND, {"allocate": lambda: store.allocate("k")})
             cur.execute("ROLLBACK")
     finally:
         holder.close()
