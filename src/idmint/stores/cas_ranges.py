@@ -172,15 +172,22 @@ class CasRangeStore:
             self.cas.create(cell_name(name, stripe), _encode(_first_row(key, origin, stripe)))
 
     def _change(
-        self, name: str, stripe: int, what: str, change: Callable[[Key], tuple[Key | None, T]]
+        self,
+        name: str,
+        stripe: int,
+        what: str,
+        change: Callable[[Key], tuple[Key | None, T]],
+        read: tuple[Key, int, int] | None = None,
     ) -> tuple[T, int]:
-        """Read a stripe's row, `change` it and swap the new row in; when another writer
-        swapped first, back off and redo. `change` returns (new row or None to leave the
-        row as it is, result). Returns the result and how many swaps were lost."""
+        """Read a stripe's row (or start from `read`, one the caller just made), `change` it
+        and swap the new row in; when another writer swapped first, back off and redo.
+        `change` returns (new row or None to leave the row as it is, result). Returns the
+        result and how many swaps were lost."""
         wait: Callable[[], None] | None = None
         lost = 0
         while True:
-            row, origin, version = self._read_stripe(name, stripe)
+            row, origin, version = read or self._read_stripe(name, stripe)
+            read = None
             new_row, result = change(row)
             if new_row is None or self.cas.swap(
                 cell_name(name, stripe),
@@ -256,16 +263,20 @@ class CasRangeStore:
     def allocate(
         self, name: str, count: int | None = None, *, stripe: int | None = None
     ) -> Allocation:
+        read = None
         if stripe is None:  # the store's choice: at random, so that callers spread out
-            stripes = self._read_key(name)[0].stripes
+            read = self._read_key(name)
+            stripes = read[0].stripes
             stripe = _jitter.randrange(stripes) if stripes > 1 else 0
+            if stripe:
+                read = None  # another stripe's cell: read that one
 
         def take(row: Key) -> tuple[Key, tuple[Range, Key]]:
             taken = next_range(row, count)
             after = replace(row, max_id=taken.stop)
             return after, (taken, after)
 
-        (taken, row), lost = self._change(name, stripe, "allocate", take)
+        (taken, row), lost = self._change(name, stripe, "allocate", take, read)
         return Allocation(taken, row, conflicts=lost)
 
     def give_back(self, name: str, unused: Range) -> bool:
