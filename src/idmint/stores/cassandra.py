@@ -236,6 +236,7 @@ class _Driver:
     auth: Any  # cassandra.auth.PlainTextAuthProvider
     invalid_request: type[Exception]
     write_timeout: type[Exception]
+    read_timeout: type[Exception]
     timed_out: type[Exception]  # the driver's own deadline: OperationTimedOut
     no_host: type[Exception]  # NoHostAvailable: every node the request could go to failed
     cas_write_type: int
@@ -266,6 +267,7 @@ def _import_driver() -> _Driver:
         auth=cassandra.auth.PlainTextAuthProvider,
         invalid_request=cassandra.InvalidRequest,
         write_timeout=cassandra.WriteTimeout,
+        read_timeout=cassandra.ReadTimeout,
         timed_out=cassandra.OperationTimedOut,
         no_host=cassandra.cluster.NoHostAvailable,
         cas_write_type=cassandra.WriteType.CAS,
@@ -282,6 +284,12 @@ def _import_driver() -> _Driver:
 class _Unsure(StoreUnavailable):
     """A write the coordinator reported as timed out (WriteTimeout): it may have been applied,
     or may be yet. The node answered, so a Paxos read can tell."""
+
+
+class _Contended(StoreUnavailable):
+    """A Paxos read the coordinator reported as timed out (ReadTimeout): it lost its rounds to
+    other writers of the partition for cas_contention_timeout. Nothing was written, and the node
+    answered: asking again is safe, and is what contention calls for."""
 
 
 class _Connection(ForkAware):
@@ -512,15 +520,33 @@ class _Connection(ForkAware):
         *,
         consistency: int | None = None,
         serial: int | None = None,
+        timeout: float | None = None,
     ) -> list[dict[str, Any]]:
         """Rows of one prepared statement (all pages)."""
         level = self.consistency if consistency is None else consistency
+        wait = self.timeout if timeout is None else timeout
 
         def body(session: Any) -> list[dict[str, Any]]:
             prepared = self._prepare(session, cql, level, serial)
-            return list(session.execute(prepared, tuple(params), timeout=self.timeout))
+            return list(session.execute(prepared, tuple(params), timeout=wait))
 
         return self.call(body)
+
+    def serial_read(self, cql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """Rows of a Paxos read. One the coordinator answers as timed out (contended) is asked
+        again after a random pause, for at most the store's timeout in all: under many writers
+        of one partition a Paxos read can lose every round it tries, while the writes go on."""
+        deadline = time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.run(cql, params, consistency=self.serial, timeout=max(left, 0.05))
+            except _Contended:
+                attempt += 1
+                if deadline - time.monotonic() < 0.1:
+                    raise
+                _back_off(attempt)
 
     def lwt(self, statements: list[tuple[str, tuple[Any, ...]]]) -> tuple[bool, dict[str, Any]]:
         """A conditional statement (or batch of them, one partition): whether it was applied,
@@ -559,8 +585,12 @@ class _Connection(ForkAware):
         a driver error means."""
         name = type(exc).__name__
         text = " ".join(str(exc).split())[:400]
-        unsure = False
-        if isinstance(exc, self._driver.write_timeout):
+        unsure = contended = False
+        if isinstance(exc, self._driver.read_timeout):
+            contended = getattr(exc, "consistency", None) == self.serial
+            if contended:
+                text = f"a Paxos read lost every round to other writers ({text})"
+        elif isinstance(exc, self._driver.write_timeout):
             unsure = True
             if getattr(exc, "write_type", None) == self._driver.cas_write_type:
                 text = f"a compare-and-set timed out in its Paxos round, outcome unknown ({text})"
@@ -570,7 +600,7 @@ class _Connection(ForkAware):
             # A write may have been applied too, but a node that did not answer would not
             # answer the read that tells: the caller reads again later (within one timeout).
             text = f"no answer within {self.timeout:g} s"
-        kind = _Unsure if unsure else StoreUnavailable
+        kind = _Unsure if unsure else _Contended if contended else StoreUnavailable
         return kind(f"store {self.display_url} unavailable: {name}: {scrub(text, self._url)}")
 
 
@@ -648,11 +678,7 @@ class CassandraCasStore(_Capability):
 
     def read(self, key: str) -> tuple[str, int] | None:
         conn = self._open()
-        rows = conn.run(
-            f"SELECT value, version FROM {conn.cells} WHERE name = ?",
-            (key,),
-            consistency=conn.serial,
-        )
+        rows = conn.serial_read(f"SELECT value, version FROM {conn.cells} WHERE name = ?", (key,))
         return (str(rows[0]["value"]), int(rows[0]["version"])) if rows else None
 
     def create(self, key: str, value: str) -> bool:
@@ -795,9 +821,7 @@ class CassandraLeaseStore(_Capability):
         unsure: _Attempt | None = None
         for attempt in range(ATTEMPTS):
             if unsure is not None:
-                held = conn.run(
-                    self._holder, (namespace, unsure.worker_id), consistency=conn.serial
-                )
+                held = conn.serial_read(self._holder, (namespace, unsure.worker_id))
                 if held and held[0]["lease"] == owner:  # it was applied after all
                     return self._lease(namespace, unsure, owner, ttl, identity, claim)
                 unsure = None
