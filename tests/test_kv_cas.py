@@ -252,3 +252,42 @@ def test_zookeeper_writes_are_not_queued_while_disconnected() -> None:
     finally:
         engine.close()
         server.close()
+
+
+def test_etcd_calls_after_a_restart_use_new_connections() -> None:
+    """Kept-alive connections the restarted server closed are not reused: a write after the
+    restart is sent on a new connection and answered (on a dead one it would fail after
+    leaving, outcome unknown); with the server down a call is not sent, and says so."""
+    from server_etcd import EtcdServer
+
+    server = EtcdServer()
+    server.start()
+    engine = open_engine(server.store_url("restart"), timeout=2.0)
+    try:
+        cas = engine.cas()
+        for n in range(3):  # several connections idle in the pool
+            assert cas.create(f"k{n}", "v") is True
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="refused"):
+            cas.create("never", "v")
+        assert time.monotonic() - started < 1.0
+        server.start()
+        probe = open_engine(server.store_url("restart"))  # back? asked on its own connections
+        wait_until(lambda: _answers(probe.cas()), 20, "etcd back")
+        probe.close()
+        for n in range(3):  # as many calls as connections were idle: each one must succeed
+            _, version = cas.read(f"k{n}") or ("", -1)
+            assert cas.swap(f"k{n}", version, "w") is True
+        assert cas.read("never") is None
+    finally:
+        engine.close()
+        server.close()
+
+
+def _answers(cas: Any) -> bool:
+    try:
+        cas.read("k0")
+    except StoreUnavailable:
+        return False
+    return True

@@ -1,5 +1,5 @@
 """Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on etcd,
-through its v3 JSON gateway (plain HTTP, httpx), one client for both.
+through its v3 JSON gateway (plain HTTP, kept-alive connections: _http), one client for both.
 
 Keys, under the URL's prefix (default "idmint"), with the namespace percent-encoded:
 
@@ -32,10 +32,9 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import httpx
-
 from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
 from .._fork import ForkAware, orphan
+from ._http import Connections, NoAnswer, NotSent
 from ._sql_leases import holder_name
 from ._urls import scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
@@ -101,7 +100,8 @@ def _stored_floor(horizons: dict[int, Json], worker_id: int) -> int:
 
 class _EtcdClient(ForkAware):
     """The HTTP side of one etcd URL, shared by its engine's lease store and cells: endpoints
-    tried in turn, one httpx.Client (thread-safe), the store's identity under the prefix."""
+    tried in turn, one pool of connections (thread-safe), the store's identity under the
+    prefix."""
 
     def __init__(
         self, endpoints: list[str], prefix: str, display_url: str, *, timeout: float
@@ -110,7 +110,7 @@ class _EtcdClient(ForkAware):
         self.prefix = prefix
         self.timeout = timeout
         self._endpoints = endpoints
-        self._client = httpx.Client(timeout=timeout)
+        self._client = Connections(timeout)
         self._lock = threading.Lock()
         self._answered = threading.local()  # date_ms: the Date of this thread's last answer
         self._watch_fork()
@@ -118,16 +118,16 @@ class _EtcdClient(ForkAware):
     def _after_fork(self) -> None:
         # The parent's pooled sockets are not the child's: an answer could go to either.
         orphan(self._client)
-        self._client = httpx.Client(timeout=self.timeout)
+        self._client = Connections(self.timeout)
         self._lock = threading.Lock()
         self._answered = threading.local()
 
-    def _http(self) -> httpx.Client:
-        """The client; a new one after `close` (closing releases connections, nothing else)."""
+    def _http(self) -> Connections:
+        """The connections; new ones after `close` (closing releases them, nothing else)."""
         self._check_fork()
         with self._lock:
-            if self._client.is_closed:
-                self._client = httpx.Client(timeout=self.timeout)
+            if self._client.closed:
+                self._client = Connections(self.timeout)
             return self._client
 
     def call(self, path: str, body: Json) -> Json:
@@ -136,36 +136,31 @@ class _EtcdClient(ForkAware):
         problems: list[str] = []
         with self._lock:
             endpoints = list(self._endpoints)
+        data = json.dumps(body).encode()
         for endpoint in endpoints:
             try:
-                r = client.post(f"http://{endpoint}/v3/{path}", json=body)
-            except httpx.ConnectTimeout:
-                problems.append(f"{endpoint}: no connection within {self.timeout:g} s")
+                r = client.post(endpoint, f"/v3/{path}", data)
+            except NotSent as exc:  # the next endpoint may answer
+                problems.append(str(exc))
                 continue
-            except httpx.ConnectError as exc:  # nothing was sent: the next endpoint may answer
-                problems.append(f"{endpoint}: {exc}")
-                continue
-            except httpx.TimeoutException as exc:  # sent, maybe applied: no failover
-                why = f"{endpoint}: {type(exc).__name__}, no answer within {self.timeout:g} s"
-                raise self.unavailable(why) from None
-            except httpx.HTTPError as exc:  # the request may have been applied: no failover
-                raise self.unavailable(f"{endpoint}: {type(exc).__name__} {exc}") from None
+            except NoAnswer as exc:  # sent, maybe applied: no failover
+                raise self.unavailable(str(exc)) from None
             with self._lock:  # the endpoint that answered goes first from now on
                 if self._endpoints[0] != endpoint:
                     self._endpoints.remove(endpoint)
                     self._endpoints.insert(0, endpoint)
-            self._answered.date_ms = _date_ms(r.headers.get("date"))
+            self._answered.date_ms = _date_ms(r.date)
             # keepalive is a stream: one JSON message a line, the first is the answer
-            text = r.text.split("\n", 1)[0]
+            text = r.body.decode(errors="replace").split("\n", 1)[0]
             try:
                 answer: Json = json.loads(text)
             except ValueError:
-                why = f"{endpoint} answered {r.status_code}: {text[:200]}"
+                why = f"{endpoint} answered {r.status}: {text[:200]}"
                 raise self.unavailable(why) from None
             error = answer.get("error")
-            if r.status_code != 200 or error:
+            if r.status != 200 or error:
                 message = error.get("message") if isinstance(error, dict) else error
-                raise _EtcdError(str(message or answer.get("message") or r.status_code))
+                raise _EtcdError(str(message or answer.get("message") or r.status))
             result: Json = answer.get("result", answer)
             return result
         raise self.unavailable("; ".join(problems))
