@@ -49,6 +49,16 @@ def assert_increasing(ids: list[int]) -> None:
     assert not bad, f"{len(bad)} steps not increasing, e.g. {bad[:5]}"
 
 
+def works(call: Callable[..., object], *args: object) -> bool:
+    """Whether `call(*args)` answered, rather than raised StoreUnavailable (for polling a
+    store that is coming back)."""
+    try:
+        call(*args)
+    except StoreUnavailable:
+        return False
+    return True
+
+
 def run_threads(target: Callable[[], None], count: int) -> None:
     """Run `target` on `count` threads at once and wait for them all."""
     threads = [threading.Thread(target=target) for _ in range(count)]

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from idmint.ids import ID_MAX
 from idmint.stores import open_engine
 from idmint.stores.cassandra import parse_url
 
-from checks import assert_unique, assert_within, assert_within_bound, run_threads
+from checks import assert_unique, assert_within, assert_within_bound, run_threads, works
 from server_cassandra import CassandraServer
 from servers import wait_until
 
@@ -229,14 +229,6 @@ def private_server() -> Iterator[CassandraServer]:
     yield server
     server.resume()
     server.close()
-
-
-def works(call: Callable[..., object], *args: object) -> bool:
-    try:
-        call(*args)
-    except StoreUnavailable:
-        return False
-    return True
 
 
 def test_a_killed_then_paused_node(private_server: CassandraServer) -> None:

@@ -21,6 +21,7 @@ from idmint.stores import open_engine
 from idmint.stores.redis import weak_persistence
 from idmint.stores.zookeeper import ZooKeeperCasStore, _cell_key, _node_name
 
+from checks import works
 from servers import wait_until
 
 SECRET = "Zq7-s3cr3t-Pw9"
@@ -274,7 +275,7 @@ def test_etcd_calls_after_a_restart_use_new_connections() -> None:
         assert time.monotonic() - started < 1.0
         server.start()
         probe = open_engine(server.store_url("restart"))  # back? asked on its own connections
-        wait_until(lambda: _answers(probe.cas()), 20, "etcd back")
+        wait_until(lambda: works(probe.cas().read, "k0"), 20, "etcd back")
         probe.close()
         for n in range(3):  # as many calls as connections were idle: each one must succeed
             _, version = cas.read(f"k{n}") or ("", -1)
@@ -283,11 +284,3 @@ def test_etcd_calls_after_a_restart_use_new_connections() -> None:
     finally:
         engine.close()
         server.close()
-
-
-def _answers(cas: Any) -> bool:
-    try:
-        cas.read("k0")
-    except StoreUnavailable:
-        return False
-    return True

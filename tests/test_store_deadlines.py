@@ -13,18 +13,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pymysql
 import pytest
 
-from idmint import IdmintError, StoreUnavailable
+from idmint import IdmintError
 from idmint.stores import open_engine, open_lease_store, open_store
 from idmint.stores.base import Lease, LeaseStore, RangeStore
 
-from checks import assert_within_bound
+from checks import assert_within_bound, works
 from servers import MariaDBServer, PostgresServer, wait_until
 
 TIMEOUT = 1.0
@@ -35,14 +35,6 @@ TIMEOUT = 1.0
 BOUND = TIMEOUT + 3.0
 NOW = 1_800_000_000_000
 KV_SERVERS = {"redis": "RedisServer", "etcd": "EtcdServer", "zookeeper": "ZooKeeperServer"}
-
-
-def works(call: Callable[..., object], *args: object) -> bool:
-    try:
-        call(*args)
-    except StoreUnavailable:
-        return False
-    return True
 
 
 # -- a hung server -----------------------------------------------------------------------------
