@@ -349,7 +349,14 @@ def test_restart_and_kill_with_open_connections(
         assert server.pid in before
         server.kill()
         assert servers._server_pids(server.data_dir) == set()
-        assert all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in before)
+        # A process in the middle of exiting has already dropped its files and
+        # working directory (so _server_pids no longer sees it) but is not a
+        # zombie yet: give the kernel a moment to finish.
+        servers.wait_until(
+            lambda: all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in before),
+            5,
+            "the killed server's processes to finish exiting",
+        )
         server.start()
         assert execute(url, "SELECT 1") == [(1,)]
         for close in closers:
