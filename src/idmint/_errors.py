@@ -6,8 +6,11 @@
      ├── KeyNotFound            the key is not in the store (also LookupError)
      ├── KeyExists              `add` of a key that is already there
      ├── Exhausted              a bounded key has no ids left
+     │    └── DatacenterRetired  the datacenter gave its reservation back: it takes no more ids
      ├── StoreUnavailable       the store cannot be reached or did not answer in time; transient
-     │    └── CounterWentBack    a key's counter moved below ids this process took: data lost
+     │    ├── CounterWentBack    a key's counter moved below ids this process took: data lost
+     │    └── RunwaySpent        a datacenter used up its reservation and the global store is
+     │                           out of reach (a partition): it serves again when that heals
      ├── WorkersExhausted       every worker id of a namespace is leased
      ├── WorkerInUse            a static worker id is held by another live process
      ├── LeaseLost              a snowflake generator's worker lease lapsed: it stopped issuing
@@ -70,6 +73,20 @@ class Exhausted(IdmintError):
         self.stripes = stripes  # with `stripe`: how many the key has
 
 
+class DatacenterRetired(Exhausted):
+    """A datacenter of a datacenter key was retired (its unused reservation went back to the
+    key): it hands out no more ids until it is reopened."""
+
+    def __init__(self, key: str, dc: str) -> None:
+        IdmintError.__init__(
+            self,
+            f"datacenter {dc!r} of key {key!r} is retired: it gave its reservation back and "
+            f"takes no more ids (reopen it with `idmint dc reopen {key} --dc {dc}`)",
+        )
+        self.key, self.dc = key, dc
+        self.last_id, self.stripe, self.stripes = None, None, None
+
+
 class StoreUnavailable(IdmintError):
     """The store could not be reached, failed, or did not answer within the bound."""
 
@@ -86,6 +103,21 @@ class CounterWentBack(StoreUnavailable):
             f"(idmint keys raise {key} --to N) and restart"
         )
         self.key, self.start, self.taken_up_to = key, start, taken_up_to
+
+
+class RunwaySpent(StoreUnavailable):
+    """A datacenter handed out its whole reservation of a key (and the range it preloaded)
+    and could not get another from the global store: it is cut off (a partition) or the
+    global store is down. Transient: the datacenter serves again once the global store
+    answers."""
+
+    def __init__(self, key: str, dc: str, reason: str) -> None:
+        super().__init__(
+            f"datacenter {dc!r} has handed out its whole reservation of key {key!r} and cannot "
+            f"get another from the global store: {reason} (it serves again once the global "
+            "store answers; give it a longer runway: idmint dc set KEY --runway)"
+        )
+        self.key, self.dc, self.reason = key, dc, reason
 
 
 class WorkersExhausted(IdmintError):

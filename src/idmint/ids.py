@@ -254,11 +254,15 @@ def stripe_row(key: Key, stripe: int) -> Key:
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """What a store hands back from one allocation: the range, the row it came from after it
-    (the key's, or its stripe's), and how many compare-and-set conflicts it took."""
+    (the key's, or its stripe's), how many compare-and-set conflicts it took, and its epoch."""
 
     range: Range
     key: Key
     conflicts: int = 0
+    #: Ranges of one epoch only move up (a generator checks that, per stripe, to notice a
+    #: store that lost data). A datacenter key's epoch is the reservation a range came from:
+    #: a later reservation may be lower (ids another datacenter gave back).
+    epoch: int = 0
 
 
 def next_range(key: Key, count: int | None) -> Range:

@@ -27,10 +27,12 @@ from datetime import UTC, datetime
 from .._errors import (
     Closed,
     CounterWentBack,
+    DatacenterRetired,
     Exhausted,
     IdmintError,
     InvalidArgument,
     KeyNotFound,
+    RunwaySpent,
     StoreUnavailable,
 )
 from .._fork import ForkAware, private_random
@@ -201,7 +203,7 @@ class SegmentGenerator(ForkAware):
         self._error_at = 0.0
         self._lost: CounterWentBack | None = None  # final: the store lost data
         # Per stripe, the highest range end taken: the stripe's counter never drops below it.
-        self._taken_up_to: dict[int, int] = {}
+        self._taken_up_to: dict[tuple[int, int], int] = {}  # (stripe, epoch) -> stop
         # The key's stripes (None until the first refill reads the key), the one this
         # generator takes ranges from, those it found exhausted, and the conflicts it met.
         self._stripes: int | None = None
@@ -344,8 +346,12 @@ class SegmentGenerator(ForkAware):
         fresh: IdmintError
         if isinstance(error, KeyNotFound):
             fresh = KeyNotFound(error.key)
+        elif isinstance(error, DatacenterRetired):
+            fresh = DatacenterRetired(error.key, error.dc)
         elif isinstance(error, Exhausted):
             fresh = Exhausted(error.key, error.last_id)
+        elif isinstance(error, RunwaySpent):
+            fresh = RunwaySpent(error.key, error.dc, error.reason)
         elif isinstance(error, CounterWentBack):
             fresh = CounterWentBack(error.key, error.start, error.taken_up_to)
         elif isinstance(error, InvalidArgument):  # a store that refuses the key: say why
@@ -422,7 +428,7 @@ class SegmentGenerator(ForkAware):
                 log.exception("unexpected error loading a range for key %r", self.key)
                 error = StoreUnavailable(f"{type(exc).__name__}: {exc}")
             else:
-                taken_up_to = self._taken_up_to.get(taken.key.stripe, 0)
+                taken_up_to = self._taken_up_to.get((taken.key.stripe, taken.epoch), 0)
                 if taken.range.start < taken_up_to:
                     # Counters only move up, and a give-back never reaches below a range
                     # someone took after it: this store forgot what it handed out.
@@ -435,7 +441,7 @@ class SegmentGenerator(ForkAware):
                         self._cond.notify_all()
                     return
                 with self._cond:
-                    self._taken_up_to[taken.key.stripe] = taken.range.stop
+                    self._taken_up_to[(taken.key.stripe, taken.epoch)] = taken.range.stop
                     self._install(taken.range, step or taken.key.step, taken.key.step, started)
                     self._refilling = False
                     self._cond.notify_all()
