@@ -15,6 +15,7 @@ from ._errors import (
     ClockMovedBackwards,
     Closed,
     CounterWentBack,
+    DatacenterRetired,
     DriverMissing,
     Exhausted,
     IdmintError,
@@ -22,6 +23,7 @@ from ._errors import (
     KeyExists,
     KeyNotFound,
     LeaseLost,
+    RunwaySpent,
     StoreUnavailable,
     WorkerInUse,
     WorkersExhausted,
@@ -29,6 +31,7 @@ from ._errors import (
 from ._minter import Minter, connect
 from .ids import ID_MAX, UINT31_MAX, Key, Range
 from .stores import DEFAULT_STORE_URL, RangeStore, open_store
+from .strategies.datacenter import DatacenterRanges, DatacenterStatus, ReservationSizing
 from .strategies.segment import SegmentGenerator, SegmentOptions, SegmentStats
 
 __version__ = "0.1.0"
@@ -55,6 +58,9 @@ __all__ = [
     "ClockMovedBackwards",
     "Closed",
     "CounterWentBack",
+    "DatacenterRanges",
+    "DatacenterRetired",
+    "DatacenterStatus",
     "DriverMissing",
     "Exhausted",
     "IdmintError",
@@ -66,6 +72,8 @@ __all__ = [
     "Minter",
     "Range",
     "RangeStore",
+    "ReservationSizing",
+    "RunwaySpent",
     "SegmentGenerator",
     "SegmentOptions",
     "SegmentStats",

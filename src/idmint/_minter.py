@@ -24,6 +24,7 @@ from .stores import DEFAULT_TIMEOUT, open_engine
 from .stores.base import LeaseStore, RangeStore, StoreIdentity
 from .stores.engine import Engine
 from .stores.static import StateFileLeases, StaticLeaseStore
+from .strategies.datacenter import DatacenterRanges, ReservationSizing, check_dc_name
 from .strategies.segment import SegmentGenerator, SegmentOptions
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
@@ -84,6 +85,10 @@ class Minter(ForkAware):
         self.engine = engine
         self.segment_options = segment_options or SegmentOptions()
         self._segments: dict[str, SegmentGenerator] = {}
+        # Datacenter keys served through datacenters other than the store's own (datacenter())
+        self._datacenters: dict[tuple[str, str | None], DatacenterRanges] = {}
+        self._dc_generators: dict[tuple[str, str], SegmentGenerator] = {}
+        self.timeout = DEFAULT_TIMEOUT
         self._snowflakes: list[SnowflakeGenerator] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -220,6 +225,75 @@ class Minter(ForkAware):
             self._snowflakes.append(gen)
         return gen
 
+    # -- datacenter keys (Farfetch's design: strategies/datacenter.py) ------------------------
+
+    def _global_level(self) -> DatacenterRanges:
+        """The datacenter keys' global level: this minter's store when it serves a
+        datacenter, else one made on the engine's cells."""
+        if isinstance(self.store, DatacenterRanges):
+            return self.store
+        return self.datacenters()
+
+    def datacenters(
+        self, dc: str | None = None, *, dc_store: str | None = None
+    ) -> DatacenterRanges:
+        """Datacenter keys on this minter's store (the global level) served through datacenter
+        `dc`, whose own store is `dc_store` (on Cassandra, by default: the same cluster at
+        LOCAL_SERIAL in `dc`). Without `dc`, the global level alone: keys, sizing, status.
+        One per datacenter and minter, closed with it."""
+        if dc is not None:
+            check_dc_name(dc)
+        with self._lock:
+            if self._closed:
+                raise Closed("the minter is closed")
+            made = self._datacenters.get((dc or "", dc_store))
+            if made is None:
+                made = open_datacenter(self.engine, dc, dc_store, self.timeout)
+                self._datacenters[(dc or "", dc_store)] = made
+            return made
+
+    def datacenter(
+        self,
+        name: str,
+        dc: str,
+        *,
+        dc_store: str | None = None,
+        options: SegmentOptions | None = None,
+    ) -> SegmentGenerator:
+        """The generator of datacenter key `name` for processes in datacenter `dc`: ranges from
+        the datacenter's reservation, which it refills from the global level in the
+        background. Keeps serving while the global level is out of reach, until the
+        reservation and the preloaded range are spent (then RunwaySpent)."""
+        check_key_name(name)
+        store = self.datacenters(dc, dc_store=dc_store)
+        with self._lock:
+            gen = self._dc_generators.get((name, dc))
+            if gen is None or gen.closed:
+                gen = SegmentGenerator(store, name, options or self.segment_options)
+                self._dc_generators[(name, dc)] = gen
+            return gen
+
+    def add_datacenter_key(
+        self,
+        name: str,
+        *,
+        step: int = DEFAULT_STEP,
+        start: int = DEFAULT_FIRST_ID,
+        max: int = ID_MAX,
+        description: str = "",
+        sizing: ReservationSizing | None = None,
+    ) -> Key:
+        """Create a datacenter key: ids from `start` to `max` (2**31 - 1 for a 32-bit key),
+        handed to datacenters in reservations sized by `sizing` (by default enough for 24 hours
+        at each datacenter's rate, preloaded at 50%), and to processes `step` at a time."""
+        check_key_name(name)
+        check_key_bounds(step, start, max)
+        if len(description) > 256:
+            raise InvalidArgument("description must be at most 256 characters")
+        return self._global_level().add_key(
+            name, step=step, first_id=start, last_id=max, description=description, sizing=sizing
+        )
+
     def generators(self) -> list[SegmentGenerator]:
         """The generators made so far, for metrics."""
         with self._lock:
@@ -233,6 +307,9 @@ class Minter(ForkAware):
         with self._lock:
             self._closed = True
             generators, self._segments = list(self._segments.values()), {}
+            generators += self._dc_generators.values()
+            self._dc_generators = {}
+            datacenters, self._datacenters = list(self._datacenters.values()), {}
             flakes, self._snowflakes = self._snowflakes, []
         kept: list[tuple[str, Range]] = []
 
@@ -262,6 +339,8 @@ class Minter(ForkAware):
                 ", ".join(f"{key} [{r.start}, {r.stop})" for key, r in kept[:10]),
             )
         self.store.close()
+        for made in datacenters:
+            made.close()
         if self.lease_store is not None:
             self.lease_store.close()
         if self.engine is not None:
@@ -275,22 +354,52 @@ class Minter(ForkAware):
         self.close()
 
 
+def open_datacenter(
+    engine: Engine | None, dc: str | None, dc_store: str | None, timeout: float
+) -> DatacenterRanges:
+    """The datacenter keys of `engine` (their global level) served through datacenter `dc`,
+    whose own store is `dc_store`, or the engine's own cluster where it spans datacenters
+    (Cassandra). Without `dc`, the global level alone."""
+    if engine is None:
+        raise InvalidArgument("datacenter keys need a minter made by idmint.connect()")
+    if dc is None:
+        if dc_store is not None:
+            raise InvalidArgument("a datacenter's store (dc_store) needs its name (dc)")
+        return DatacenterRanges(engine.cas())
+    local = (
+        engine.local_cas(dc) if dc_store is None else open_engine(dc_store, timeout=timeout).cas()
+    )
+    return DatacenterRanges(engine.cas(), local, dc)
+
+
 def connect(
     url: str | None = None,
     *,
     timeout: float = DEFAULT_TIMEOUT,
     segment_options: SegmentOptions | None = None,
+    dc: str | None = None,
+    dc_store: str | None = None,
 ) -> Minter:
     """Open a Minter on a store URL: sqlite:///path, postgresql://..., mysql://...,
     redis://..., etcd://..., zk://..., cassandra://..., memory://.
 
     The default is $IDMINT_STORE, then sqlite:///./idmint.db. Connecting is lazy: an
     unreachable store is reported by the first call that needs it.
+
+    With `dc`, the minter serves datacenter keys instead of segment keys, as datacenter `dc`
+    (the URL is the global level; `dc_store` the datacenter's own store, by default the same
+    Cassandra cluster at LOCAL_SERIAL): `segment(name)`, `take()` and the keys' methods work
+    on datacenter keys, and ids keep coming while the global level is out of reach.
     """
     engine = open_engine(url, timeout=timeout)
-    return Minter(
-        engine.ranges(),
+    store: RangeStore = engine.ranges()
+    if dc is not None or dc_store is not None:
+        store = open_datacenter(engine, dc, dc_store, timeout)
+    minter = Minter(
+        store,
         segment_options=segment_options,
         lease_store=engine.leases(),
         engine=engine,
     )
+    minter.timeout = timeout
+    return minter

@@ -974,7 +974,18 @@ def open_cassandra_engine(url: str, display: str, *, timeout: float) -> Engine:
     """The cassandra engine of a URL: cas, ranges (over cas) and leases, on one driver Session
     (the URL is checked here, no I/O)."""
     settings = parse_url(url, display)
-    conn = _Connection(settings, url, display, timeout, _import_driver())
+    driver = _import_driver()
+    conn = _Connection(settings, url, display, timeout, driver)
+
+    def local_cas(dc: str) -> CassandraCasStore:
+        # The same cluster at LOCAL_SERIAL, through the datacenter's own coordinators: cells
+        # that only that datacenter writes (see strategies/datacenter.py).
+        local = replace(
+            settings, serial="LOCAL_SERIAL", consistency="LOCAL_QUORUM", dc=settings.dc or dc
+        )
+        shown = f"{display} (LOCAL_SERIAL in {local.dc})"
+        return CassandraCasStore(_Connection(local, url, shown, timeout, driver))
+
     return Engine(
         "cassandra",
         display,
@@ -983,6 +994,7 @@ def open_cassandra_engine(url: str, display: str, *, timeout: float) -> Engine:
             "ranges": lambda engine: CasRangeStore(engine.cas()),
             "leases": lambda _: CassandraLeaseStore(conn),
         },
+        local_cas=local_cas,
     )
 
 

@@ -44,7 +44,12 @@ class Engine:
     """The capabilities of one store URL's engine (see the module doc). Thread-safe."""
 
     def __init__(
-        self, kind: str, display_url: str, makers: dict[str, Callable[[Engine], Any]]
+        self,
+        kind: str,
+        display_url: str,
+        makers: dict[str, Callable[[Engine], Any]],
+        *,
+        local_cas: Callable[[str], CasStore] | None = None,
     ) -> None:
         unknown = set(makers) - set(CAPABILITIES)
         if unknown:
@@ -52,6 +57,7 @@ class Engine:
         self.kind = kind
         self.display_url = display_url
         self._makers = makers
+        self._local_cas = local_cas
         self._made: dict[str, Any] = {}
         self._lock = threading.RLock()  # a maker may ask for another capability (ranges: cas)
 
@@ -87,6 +93,19 @@ class Engine:
     def cas(self) -> CasStore:
         """Compare-and-set cells (CasStore)."""
         return cast(CasStore, self._get("cas"))
+
+    def local_cas(self, dc: str) -> CasStore:
+        """Compare-and-set cells that only datacenter `dc` needs to reach, on this engine's own
+        cluster: for an engine whose one cluster spans datacenters (Cassandra: LOCAL_SERIAL in
+        that datacenter). A new store each call, the caller's to close. Other engines raise
+        InvalidArgument: a datacenter there has a store of its own."""
+        if self._local_cas is None:
+            raise InvalidArgument(
+                f"store {self.display_url} ({self.kind}) has no datacenter-local level: give "
+                "the datacenter's own store (--dc-store URL, IDMINT_DC_STORE, dc_store=); only "
+                "cassandra:// clusters span datacenters themselves"
+            )
+        return self._local_cas(dc)
 
     def close(self) -> None:
         """Close every capability made so far (each close is safe to repeat)."""

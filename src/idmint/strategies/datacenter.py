@@ -101,7 +101,7 @@ def local_cell(name: str, dc: str) -> str:
 
 
 @dataclass(frozen=True)
-class Sizing:
+class ReservationSizing:
     """How a key's reservations are sized (kept in its global cell, so every datacenter sizes
     alike): enough for `runway` seconds at the datacenter's rate over the last `window`
     seconds, between `min_reservation` and `max_reservation` ids; preloaded once `preload_at`
@@ -113,7 +113,7 @@ class Sizing:
     preload_at: float = DEFAULT_PRELOAD_AT
     window: float = DEFAULT_WINDOW
 
-    def check(self) -> Sizing:
+    def check(self) -> ReservationSizing:
         for what, value in (("runway", self.runway), ("window", self.window)):
             if not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise InvalidArgument(f"{what} must be a number of seconds above 0, not {value!r}")
@@ -133,7 +133,7 @@ class Sizing:
             )
         return self
 
-    def for_key(self, first_id: int, last_id: int) -> Sizing:
+    def for_key(self, first_id: int, last_id: int) -> ReservationSizing:
         """These settings with the defaults of a key of [first_id, last_id] filled in: the
         minimum is 1/64 of its ids (at most 10 million), the maximum 1/8 of them."""
         space = last_id - first_id + 1
@@ -171,7 +171,7 @@ class GlobalRow:
     last_id: int
     next: int  # no datacenter was ever given an integer at or above this
     step: int
-    sizing: Sizing
+    sizing: ReservationSizing
     created_ms: int
     description: str = ""
     max_batch: int = 0
@@ -187,7 +187,7 @@ class GlobalRow:
     @classmethod
     def decode(cls, value: str) -> GlobalRow:
         row = json.loads(value)
-        row["sizing"] = Sizing(**row["sizing"])
+        row["sizing"] = ReservationSizing(**row["sizing"])
         row["free"] = tuple((a, b) for a, b in row.get("free", ()))
         row["grants"] = {dc: Grant(**g) for dc, g in row.get("grants", {}).items()}
         return cls(**row)
@@ -350,6 +350,12 @@ class DatacenterCounts:
     runway_spent: int = 0  # allocations refused with RunwaySpent
 
 
+class LostReservations(StoreUnavailable):
+    """A datacenter's cell and the global cell disagree in a way only lost data explains (a
+    store restored from an older copy or wiped, or the key made again): the datacenter stops
+    taking reservations until an operator resets it (`idmint dc reset`)."""
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -362,22 +368,27 @@ class DatacenterRanges(ForkAware):
     datacenter `dc`: `allocate` takes ranges from the datacenter's reservation.
 
     `global_cas` and `local_cas` may be one store (a test, or one database for both levels:
-    then nothing survives a partition). The caller owns both and closes them; `close()` here
-    only stops this object's background grants."""
+    then nothing survives a partition). Without `dc` and `local_cas`, only what the global
+    level does works (keys, sizing, status): the rest raises InvalidArgument. `close()` stops
+    the background grants and closes both stores."""
 
     def __init__(
         self,
         global_cas: CasStore,
-        local_cas: CasStore,
-        dc: str,
+        local_cas: CasStore | None = None,
+        dc: str | None = None,
         *,
         backoff: Backoff | None = None,
         clock_ms: Callable[[], int] = _now_ms,
     ) -> None:
-        self.dc = check_dc_name(dc)
+        if (dc is None) != (local_cas is None):
+            raise InvalidArgument("a datacenter needs both its name and its store")
+        self._dc = None if dc is None else check_dc_name(dc)
         self.global_cas = global_cas
-        self.local_cas = local_cas
-        self.display_url = f"{global_cas.display_url} (datacenter {dc}: {local_cas.display_url})"
+        self._local_cas = local_cas
+        self.display_url = global_cas.display_url
+        if local_cas is not None and local_cas is not global_cas:
+            self.display_url += f" (datacenter {dc}: {local_cas.display_url})"
         self.backoff = backoff or Backoff()
         self.counts = DatacenterCounts()
         self._clock_ms = clock_ms
@@ -386,6 +397,24 @@ class DatacenterRanges(ForkAware):
         self._spent_until: dict[str, float] = {}  # key -> monotonic time: global space gone
         self._stopping = threading.Event()
         self._watch_fork()
+
+    @property
+    def dc(self) -> str:
+        """The datacenter this store serves."""
+        if self._dc is None:
+            raise InvalidArgument(
+                "which datacenter? Datacenter keys hand out ids through a datacenter: give "
+                "its name (--dc, IDMINT_DC, dc=)"
+            )
+        return self._dc
+
+    @property
+    def local_cas(self) -> CasStore:
+        """The datacenter's store."""
+        if self._local_cas is None:
+            self.dc  # noqa: B018 - raises InvalidArgument: no datacenter was given
+        assert self._local_cas is not None
+        return self._local_cas
 
     def _after_fork(self) -> None:
         # The parent's background grants are the parent's; the child starts its own.
@@ -420,8 +449,8 @@ class DatacenterRanges(ForkAware):
         on_global: bool,
     ) -> T:
         """Compare-and-set loop: `attempt` reads what it needs and returns (the version to
-        swap against or None to create the cell, the new value or None to write nothing, the
-        result). A lost swap backs off (Broadcast's random back-off) and attempts again."""
+        swap against, or None to create the cell; the new value, or None to write nothing;
+        the result). A lost swap backs off (Broadcast's random back-off) and attempts again."""
         wait: Callable[[], None] | None = None
         while True:
             version, value, result = attempt()
@@ -437,28 +466,29 @@ class DatacenterRanges(ForkAware):
                 wait = self.backoff.waits(f"{what} ({cas.display_url})")
             wait()
 
-    def _local_row(self, name: str) -> tuple[LocalRow, int | None]:
-        """The datacenter's cell of `name`; version None: not made yet, and the row to create
-        (it has applied the grants the global cell says were given back or skipped).
+    def _local_row(self, name: str) -> tuple[LocalRow, int]:
+        """The datacenter's cell of `name` and its version, made on first use (before the
+        datacenter's first grant: a grant is only ever made for a cell that exists).
 
-        A missing cell is checked against the global one: if the global level granted this
-        datacenter reservations it has not given back, the cell was lost, and starting afresh
-        could repeat the ids it handed out."""
-        got = self._read_local(name)
-        if got is not None:
-            return got
-        top, _ = self._read_global(name)
-        grant = top.grants.get(self.dc)
-        done = top.returned.get(self.dc, 0)
-        if grant is not None and grant.seq > done:
-            raise StoreUnavailable(
-                f"datacenter {self.dc!r} has no cell for key {name!r} in "
-                f"{self.local_cas.display_url}, but the global store gave it {grant.seq} "
-                "reservations: its store lost data (or is not the one it used), and ids it "
-                "handed out may repeat. Once no process serves the old reservations, abandon "
-                f"them with `idmint dc reset {name} --dc {self.dc}`"
-            )
-        return LocalRow.new(self.dc, top, done, self._clock_ms()), None
+        So a missing cell whose datacenter the global cell granted reservations (not given
+        back) was lost: starting afresh could repeat the ids it handed out."""
+        while True:
+            got = self._read_local(name)
+            if got is not None:
+                return got
+            top, _ = self._read_global(name)
+            grant = top.grants.get(self.dc)
+            done = top.returned.get(self.dc, 0)
+            if grant is not None and grant.seq > done:
+                raise LostReservations(
+                    f"datacenter {self.dc!r} has no cell for key {name!r} in "
+                    f"{self.local_cas.display_url}, but the global store gave it {grant.seq} "
+                    "reservations: its store lost data (or is not the one it used), and ids "
+                    "it handed out may repeat. Once no process serves the old reservations, "
+                    f"abandon them with `idmint dc reset {name} --dc {self.dc}`"
+                )
+            row = LocalRow.new(self.dc, top, done, self._clock_ms())
+            self.local_cas.create(local_cell(name, self.dc), row.encode())
 
     # -- processes take ranges ----------------------------------------------------------------
 
@@ -500,6 +530,8 @@ class DatacenterRanges(ForkAware):
                 return Allocation(taken, row.key(name), epoch=row.serving)
             try:
                 self.reserve(name)
+            except LostReservations:
+                raise
             except StoreUnavailable as exc:
                 self._count(runway_spent=1)
                 raise RunwaySpent(name, self.dc, str(exc)) from exc
@@ -544,7 +576,7 @@ class DatacenterRanges(ForkAware):
             got = self._grant(name, row)
             if got is not None and self._apply(name, *got):
                 return True
-        raise StoreUnavailable(
+        raise LostReservations(
             f"datacenter {self.dc!r} could not apply a grant of key {name!r} in "
             f"{RESERVE_ROUNDS} rounds: its cell says it applied grant {row.applied}, the "
             "global cell says it was given a later one. Its store lost data (restored from an "
@@ -563,7 +595,7 @@ class DatacenterRanges(ForkAware):
         def grant() -> tuple[int | None, str | None, tuple[Grant, GlobalRow] | None]:
             top, version = self._read_global(name)
             if top.uid != row.uid:
-                raise StoreUnavailable(
+                raise LostReservations(
                     f"key {name!r} was made again in the global store "
                     f"({self.global_cas.display_url}) after datacenter {self.dc!r} took "
                     "reservations of it: the new key's reservations could repeat the old one's "
@@ -647,8 +679,9 @@ class DatacenterRanges(ForkAware):
                 try:
                     self.reserve(name)
                     return
-                except (Exhausted, KeyNotFound, InvalidArgument) as exc:
-                    log.warning("key %r: datacenter %s cannot preload: %s", name, self.dc, exc)
+                except (Exhausted, KeyNotFound, InvalidArgument, LostReservations) as exc:
+                    # Asking again will not help; the process that runs dry says why.
+                    log.error("key %r: datacenter %s cannot preload: %s", name, self.dc, exc)
                     return
                 except IdmintError as exc:  # StoreUnavailable: cut off, or a store is down
                     self._count(preload_failures=1)
@@ -687,11 +720,11 @@ class DatacenterRanges(ForkAware):
         last_id: int,
         description: str = "",
         stripes: int = 1,
-        sizing: Sizing | None = None,
+        sizing: ReservationSizing | None = None,
     ) -> Key:
         if stripes != 1:
             raise InvalidArgument("datacenter keys have no stripes: each datacenter is one")
-        sizing = (sizing or Sizing()).check().for_key(first_id, last_id)
+        sizing = (sizing or ReservationSizing()).check().for_key(first_id, last_id)
         top = GlobalRow(
             uuid.uuid4().hex,
             first_id,
@@ -728,13 +761,13 @@ class DatacenterRanges(ForkAware):
     def set_max_batch(self, name: str, max_batch: int) -> Key:
         return self._set(name, lambda top: replace(top, max_batch=max_batch))
 
-    def set_sizing(self, name: str, sizing: Sizing) -> Key:
+    def set_sizing(self, name: str, sizing: ReservationSizing) -> Key:
         """Change how reservations of the key are sized from the next one on (every
         datacenter); fields left 0 keep their value."""
 
         def change(top: GlobalRow) -> GlobalRow:
             old = top.sizing
-            new = Sizing(
+            new = ReservationSizing(
                 runway=sizing.runway,
                 min_reservation=sizing.min_reservation or old.min_reservation,
                 max_reservation=sizing.max_reservation or old.max_reservation,
@@ -767,9 +800,10 @@ class DatacenterRanges(ForkAware):
         for _, value in self.global_cas.scan(local_cell(name, "")):
             found = LocalRow.decode(value)
             cells[found.dc] = found
-        got = self._read_local(name)
-        if got is not None:
-            cells[self.dc] = got[0]
+        if self._dc is not None:
+            got = self._read_local(name)
+            if got is not None:
+                cells[self.dc] = got[0]
         now = self._clock_ms()
         shown = []
         for dc in sorted(set(top.grants) | set(cells)):
@@ -913,8 +947,11 @@ class DatacenterRanges(ForkAware):
         self._update(self.local_cas, cell, f"reset {cell}", fresh, on_global=False)
 
     def close(self) -> None:
-        """Stop background grants (the stores are the caller's to close)."""
+        """Stop background grants and close both stores."""
         self._stopping.set()
+        self.global_cas.close()
+        if self._local_cas is not None and self._local_cas is not self.global_cas:
+            self._local_cas.close()
 
 
 def _carve(top: GlobalRow, size: int) -> tuple[int | None, int, tuple[tuple[int, int], ...], int]:
