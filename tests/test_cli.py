@@ -352,3 +352,58 @@ def test_next_on_a_stripe_the_key_lacks(
     )
     code, out, _ = run(capsys, "--store", url, "keys", "show", "s", "--json")
     assert json.loads(out)["stripe_next"] == [1, 2, 3]  # nothing taken
+
+
+def test_datacenter_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """dc add / next --dc / status / retire / set, with each datacenter on its own SQLite file;
+    bad input is one line and exit 2, and takes nothing."""
+    top = f"sqlite:///{tmp_path}/global.db"
+    eu = ("--dc", "eu", "--dc-store", f"sqlite:///{tmp_path}/eu.db")
+    us = ("--dc", "us", "--dc-store", f"sqlite:///{tmp_path}/us.db")
+    code, out, _ = run(
+        capsys,
+        "--store",
+        top,
+        "dc",
+        "add",
+        "order",
+        "--max",
+        "99999",
+        "--dc-runway",
+        "2h",
+        "--min-reservation",
+        "1000",
+    )
+    assert (code, out) == (0, "added datacenter key order: ids 1..99999, step 1000\n")
+    assert run(capsys, "--store", top, "next", "order", "-n", "3", *eu)[:2] == (0, "1\n2\n3\n")
+    code, out, _ = run(capsys, "--store", top, "next", "order", "-n", "1500", *us)
+    assert code == 0
+    assert out.split() == [str(i) for i in range(1001, 2001)] + [
+        str(i) for i in range(2001, 2501)
+    ]  # across the end of the first reservation
+    code, out, _ = run(capsys, "--store", top, "dc", "status", "order", "--json", *eu)
+    shown = {row["dc"]: row for row in map(json.loads, out.splitlines())}
+    assert shown["eu"]["next_id"] == 4 and shown["eu"]["seen_from"] == "local"
+    assert shown["us"]["grants"] >= 2 and shown["us"]["seen_from"] == "global"
+    code, out, _ = run(capsys, "--store", top, "dc", "retire", "order", *eu)
+    assert (code, out) == (0, "order: datacenter eu retired; gave back 4..1000\n")
+    code, _, err = run(capsys, "--store", top, "next", "order", *eu)
+    assert code == 1 and "retired" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "--store", top, "dc", "set", "order", "--runway", "3x")
+    assert code == 2 and "is not a duration" in err
+    code, _, err = run(capsys, "--store", top, "next", "order", "--dc", "eu")
+    assert code == 2 and "--dc-store" in err
+    code, _, err = run(
+        capsys,
+        "--store",
+        top,
+        "next",
+        "order",
+        "--dc",
+        "e u",
+        "--dc-store",
+        f"sqlite:///{tmp_path}/x.db",
+    )
+    assert code == 2 and "bad datacenter name" in err
+    code, out, _ = run(capsys, "--store", top, "dc", "set", "order", "--runway", "48h")
+    assert code == 0 and "runway 48 h" in out

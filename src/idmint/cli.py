@@ -7,12 +7,13 @@ an unknown key, a bad count).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -31,6 +32,7 @@ from .ids import (
     check_count,
 )
 from .stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
+from .strategies.datacenter import ReservationSizing
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -50,8 +52,10 @@ BAD_INPUT = (InvalidArgument, KeyNotFound, KeyExists)
 
 
 @contextmanager
-def _minter(ctx: click.Context) -> Iterator[Minter]:
-    minter = connect(ctx.obj["store"], timeout=ctx.obj["timeout"])
+def _minter(
+    ctx: click.Context, dc: str | None = None, dc_store: str | None = None
+) -> Iterator[Minter]:
+    minter = connect(ctx.obj["store"], timeout=ctx.obj["timeout"], dc=dc, dc_store=dc_store)
     try:
         yield minter
     finally:
@@ -109,6 +113,27 @@ def store_options(command: Callable[..., Any]) -> Callable[..., Any]:
         callback=_override,
         help="Store URL (also before the command, or IDMINT_STORE).",
     )(command)
+
+
+_DC_HELP = "The datacenter this runs in, for datacenter keys (env IDMINT_DC)."
+_DC_STORE_HELP = (
+    "The datacenter's own store, for datacenter keys (env IDMINT_DC_STORE) [default on "
+    "cassandra://: the same cluster at LOCAL_SERIAL]."
+)
+
+
+def dc_options(*, required: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--dc NAME and --dc-store URL: serve datacenter keys as that datacenter."""
+
+    def add(command: Callable[..., Any]) -> Callable[..., Any]:
+        command = click.option(
+            "--dc-store", envvar="IDMINT_DC_STORE", metavar="URL", help=_DC_STORE_HELP
+        )(command)
+        return click.option(
+            "--dc", envvar="IDMINT_DC", metavar="NAME", required=required, help=_DC_HELP
+        )(command)
+
+    return add
 
 
 @cli.command()
@@ -302,20 +327,31 @@ def keys_set(ctx: click.Context, name: str, max_batch: int) -> None:
     help="Of a striped key, take them from this stripe (0 to its stripes - 1) [default: any "
     "with ids left].",
 )
+@dc_options()
 @click.pass_context
-def next_(ctx: click.Context, name: str, count: int, stripe: int | None) -> None:
+def next_(
+    ctx: click.Context,
+    name: str,
+    count: int,
+    stripe: int | None,
+    dc: str | None,
+    dc_store: str | None,
+) -> None:
     """Print COUNT new ids of key NAME, one per line.
 
     Takes exactly COUNT ids from the store in one allocation, so nothing is wasted (a striped
     key's ids are its stripes apart; at a stripe's end the rest come from another stripe).
+    With --dc, of a datacenter key, from that datacenter's reservation.
     """
     check_count(count, maximum=MAX_COUNT)  # before the store: nothing taken on a typo
-    with _minter(ctx) as minter:
+    with _minter(ctx, dc, dc_store) as minter:
         left = count
         while left:
             taken = minter.take(name, left, stripe=stripe)
             _print_ids(taken)
             left -= len(taken)
+            if left and dc:
+                continue  # the end of a reservation; the next take says if the key is spent
             if left and (stripe is not None or taken.stride == 1):
                 # A bounded key (or the stripe asked for) ran out: the ids above are good.
                 if stripe is None:
@@ -404,6 +440,7 @@ def _print_ids(taken: Range) -> None:
     default=None,
     help="HTTP/1.1 keep-alive [default: on].",
 )
+@dc_options()
 @click.option(
     "--config",
     "config_file",
@@ -427,6 +464,8 @@ def serve(
     backlog: int | None,
     header_timeout: float | None,
     keep_alive: bool | None,
+    dc: str | None,
+    dc_store: str | None,
     config_file: Path | None,
 ) -> None:
     """Serve ids over HTTP (Leaf-compatible routes, dashboard at /, metrics at /metrics)."""
@@ -451,6 +490,8 @@ def serve(
         "backlog": backlog,
         "header_timeout": header_timeout,
         "keep_alive": keep_alive,
+        "dc": dc,
+        "dc_store": dc_store,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     run_server(ServerConfig.from_mapping(values))
@@ -595,6 +636,262 @@ def _iso(unix_ms: int) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(unix_ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+# -- datacenter keys ---------------------------------------------------------------------------
+
+
+class Duration(click.ParamType[float]):
+    """Seconds, or a number with a unit: 90s, 30m, 24h, 7d."""
+
+    name = "duration"
+    _units: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        text = str(value).strip().lower()
+        unit = self._units.get(text[-1:], 0)
+        try:
+            seconds = float(text[:-1] if unit else text) * (unit or 1)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration (like 90s, 30m, 24h, 7d)", param, ctx)
+        if not 0 < seconds < float("inf"):
+            self.fail(f"{value!r} must be longer than 0", param, ctx)
+        return seconds
+
+
+def _sizing_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option(
+                "--runway",
+                "--dc-runway",
+                type=Duration(),
+                help="Reserve enough for this long at each datacenter's rate [default: 24h].",
+            ),
+            click.option(
+                "--min-reservation",
+                type=int,
+                help="The fewest ids a reservation takes [default: 1/64 of the key's "
+                "ids, at most 10,000,000].",
+            ),
+            click.option(
+                "--max-reservation",
+                type=int,
+                help="The most ids a reservation takes [default: 1/8 of the key's ids].",
+            ),
+            click.option(
+                "--preload-at",
+                type=float,
+                help="Load a datacenter's next reservation once this share of its "
+                "current one is handed out [default: 0.5].",
+            ),
+            click.option(
+                "--window",
+                type=Duration(),
+                help="The rate is measured over the last one or two of these [default: 1h].",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _sizing(base: ReservationSizing, **given: Any) -> ReservationSizing:
+    values = {k: v for k, v in given.items() if v is not None}
+    return dataclasses.replace(base, **values)
+
+
+@cli.group("dc")
+def dc_group() -> None:
+    """Datacenter keys: ids that keep coming while a datacenter is cut off (Farfetch's design).
+
+    A global counter hands each datacenter a reservation sized by time; processes take ranges
+    from their datacenter's reservation with a local compare-and-set."""
+
+
+@dc_group.command("add")
+@store_options
+@click.argument("name")
+@click.option(
+    "--step",
+    type=int,
+    default=DEFAULT_STEP,
+    show_default=True,
+    help="Ids a process takes at a time (it grows with the rate).",
+)
+@click.option(
+    "--start", type=int, default=DEFAULT_FIRST_ID, show_default=True, help="The first id."
+)
+@click.option(
+    "--max",
+    "max_",
+    type=int,
+    default=UINT31_MAX,
+    show_default=True,
+    help="The last id (2147483647: a 32-bit key).",
+)
+@click.option("--description", default="", help="Free text, up to 256 characters.")
+@_sizing_options
+@click.option("--exist-ok", is_flag=True, help="A key of that name already there is not an error.")
+@click.pass_context
+def dc_add(
+    ctx: click.Context,
+    /,
+    name: str,
+    step: int,
+    start: int,
+    max_: int,
+    description: str,
+    exist_ok: bool,
+    **sizing: Any,
+) -> None:
+    """Create datacenter key NAME (on the global store, --store)."""
+    with _minter(ctx) as minter:
+        try:
+            key = minter.add_datacenter_key(
+                name,
+                step=step,
+                start=start,
+                max=max_,
+                description=description,
+                sizing=_sizing(ReservationSizing(), **sizing),
+            )
+        except KeyExists:
+            if not exist_ok:
+                raise
+            key = minter.datacenters().get_key(name)
+            click.echo(f"{key.name} exists: {_describe_key(key)}")
+            return
+        click.echo(f"added datacenter key {key.name}: {_describe_key(key)}")
+
+
+@dc_group.command("list")
+@store_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per key.")
+@click.pass_context
+def dc_list(ctx: click.Context, as_json: bool) -> None:
+    """List every datacenter key."""
+    with _minter(ctx) as minter:
+        found = minter.datacenters().list_keys()
+    for key in found:
+        click.echo(
+            json.dumps(key.as_dict())
+            if as_json
+            else f"{key.name}  {_describe_key(key)}, next unreserved {key.next_id}"
+        )
+
+
+@dc_group.command("set")
+@store_options
+@click.argument("name")
+@_sizing_options
+@click.pass_context
+def dc_set(ctx: click.Context, /, name: str, **sizing: Any) -> None:
+    """Change how NAME's reservations are sized, from each datacenter's next one."""
+    with _minter(ctx) as minter:
+        level = minter.datacenters()
+        row = level.settings(name)
+        level.set_sizing(name, _sizing(row, **sizing))
+        now = level.settings(name)
+    click.echo(f"{name}: {_describe_sizing(now)}")
+
+
+def _describe_sizing(s: ReservationSizing) -> str:
+    return (
+        f"runway {s.runway / 3600:g} h at the rate of the last {s.window / 60:g} min, "
+        f"{s.min_reservation:,} to {s.max_reservation:,} ids a reservation, preloaded at "
+        f"{s.preload_at:.0%}"
+    )
+
+
+@dc_group.command("status")
+@store_options
+@click.argument("name")
+@dc_options()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per datacenter.")
+@click.pass_context
+def dc_status(
+    ctx: click.Context, name: str, dc: str | None, dc_store: str | None, as_json: bool
+) -> None:
+    """Each datacenter's reservation of NAME, what it preloaded, its rate and runway.
+
+    Datacenters whose cells the global store does not hold (on etcd, each has its own) show
+    their latest reservation only; give --dc and --dc-store to see one from its own store."""
+    with _minter(ctx) as minter:
+        level = minter.datacenters(dc, dc_store=dc_store) if dc else minter.datacenters()
+        shown = level.status(name)
+        sizing = level.settings(name)
+    if as_json:
+        for status in shown:
+            click.echo(json.dumps(status.as_dict()))
+        return
+    click.echo(f"{name}: {_describe_sizing(sizing)}")
+    rows = [("DC", "RESERVED", "NEXT", "PRELOADED", "LEFT", "RATE/S", "RUNWAY", "GRANTS", "SEEN")]
+    for st in shown:
+        rows.append(
+            (
+                st.dc + (" (retired)" if st.retired else ""),
+                f"{st.reserved[0]}..{st.reserved[1] - 1}" if st.reserved else "-",
+                "-" if st.next_id is None else str(st.next_id),
+                f"{st.preloaded[0]}..{st.preloaded[1] - 1}" if st.preloaded else "-",
+                "-" if st.left is None else str(st.left),
+                "-" if st.rate is None else f"{st.rate:.1f}",
+                "-" if st.runway_s is None else f"{st.runway_s / 3600:.1f} h",
+                str(st.grants),
+                st.seen_from,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@dc_group.command("retire")
+@store_options
+@click.argument("name")
+@dc_options(required=True)
+@click.pass_context
+def dc_retire(ctx: click.Context, name: str, dc: str, dc_store: str | None) -> None:
+    """Stop datacenter --dc taking ids of NAME and give its unused ones back to the key."""
+    with _minter(ctx) as minter:
+        back = minter.datacenters(dc, dc_store=dc_store).retire(name)
+    given = ", ".join(f"{r.start}..{r.last}" for r in back) or "nothing (given back already)"
+    click.echo(f"{name}: datacenter {dc} retired; gave back {given}")
+
+
+@dc_group.command("reopen")
+@store_options
+@click.argument("name")
+@dc_options(required=True)
+@click.pass_context
+def dc_reopen(ctx: click.Context, name: str, dc: str, dc_store: str | None) -> None:
+    """Let a retired datacenter take ids of NAME again (from a new reservation)."""
+    with _minter(ctx) as minter:
+        minter.datacenters(dc, dc_store=dc_store).reopen(name)
+    click.echo(f"{name}: datacenter {dc} takes ids again")
+
+
+@dc_group.command("reset")
+@store_options
+@click.argument("name")
+@dc_options(required=True)
+@click.option(
+    "--yes",
+    is_flag=True,
+    required=True,
+    help="Confirm that no process of the datacenter serves the old reservations.",
+)
+@click.pass_context
+def dc_reset(ctx: click.Context, name: str, dc: str, dc_store: str | None, yes: bool) -> None:
+    """Abandon what datacenter --dc held of NAME after its store lost data: its reservations
+    are skipped, never reused, and it starts from a new one."""
+    with _minter(ctx) as minter:
+        minter.datacenters(dc, dc_store=dc_store).reset(name)
+    click.echo(f"{name}: datacenter {dc} starts from a new reservation")
 
 
 def _when(key: Key) -> str:

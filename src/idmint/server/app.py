@@ -330,7 +330,11 @@ class App:
     def minter(self) -> Minter:
         if self._minter is None:
             self._minter = connect(
-                self.config.store, timeout=self.config.timeout, segment_options=self.options
+                self.config.store,
+                timeout=self.config.timeout,
+                segment_options=self.options,
+                dc=self.config.dc or None,
+                dc_store=self.config.dc_store or None,
             )
         return self._minter
 

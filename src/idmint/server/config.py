@@ -17,6 +17,7 @@ from .._errors import InvalidArgument
 from ..ids import check_key_name
 from ..layout import layout_named
 from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
+from ..strategies.datacenter import check_dc_name
 
 ENV_PREFIX = "IDMINT_"
 
@@ -61,12 +62,20 @@ class ServerConfig:
     #: The snowflake routes' layout and worker-id namespace.
     snowflake_layout: str = "twitter"
     snowflake_namespace: str = "default"
+    #: Serve datacenter keys as this datacenter (empty: segment keys), with its own store
+    #: (empty: on Cassandra, the same cluster at LOCAL_SERIAL).
+    dc: str = ""
+    dc_store: str = ""
 
     def __post_init__(self) -> None:
         for name in ("token", "client_token"):
             _check_token(name, getattr(self, name))
         layout_named(self.snowflake_layout)  # raises InvalidArgument naming the presets
         check_key_name(self.snowflake_namespace)
+        if self.dc:
+            check_dc_name(self.dc)
+        elif self.dc_store:
+            raise InvalidArgument("dc_store is a datacenter's store: give the datacenter (dc)")
         if self.http not in ("auto", "1", "2"):
             raise InvalidArgument(f"http must be auto, 1 or 2, not {self.http!r}")
         if not 0 < self.port < 65536:

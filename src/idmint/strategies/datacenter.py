@@ -323,7 +323,7 @@ class DatacenterStatus:
     reserved: tuple[int, int] | None  # the reservation being served [start, stop)
     next_id: int | None
     preloaded: tuple[int, int] | None
-    left: int  # ids it can hand out without the global level
+    left: int | None  # ids it can hand out without the global level (None: not known here)
     rate: float | None  # ids/s over the last window
     runway_s: float | None  # left / rate
     grants: int  # reservations taken so far
@@ -758,6 +758,10 @@ class DatacenterRanges(ForkAware):
             "holds; make the key with its first id above the legacy ids (--start)"
         )
 
+    def settings(self, name: str) -> ReservationSizing:
+        """How the key's reservations are sized."""
+        return self._read_global(name)[0].sizing
+
     def set_max_batch(self, name: str, max_batch: int) -> Key:
         return self._set(name, lambda top: replace(top, max_batch=max_batch))
 
@@ -835,7 +839,7 @@ class DatacenterRanges(ForkAware):
                         reserved=(grant.start, grant.stop),
                         next_id=None,
                         preloaded=None,
-                        left=grant.stop - grant.start,
+                        left=None,
                         rate=grant.rate,
                         runway_s=None,
                         grants=grant.seq,
