@@ -78,6 +78,7 @@ class Minter(ForkAware):
         segment_options: SegmentOptions | None = None,
         lease_store: LeaseStore | None = None,
         engine: Engine | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.store = store
         self.lease_store = lease_store
@@ -88,7 +89,8 @@ class Minter(ForkAware):
         # Datacenter keys served through datacenters other than the store's own (datacenter())
         self._datacenters: dict[tuple[str, str | None], DatacenterRanges] = {}
         self._dc_generators: dict[tuple[str, str], SegmentGenerator] = {}
-        self.timeout = DEFAULT_TIMEOUT
+        #: Seconds a store call may take, for stores the minter opens itself (a dc_store).
+        self.timeout = timeout
         self._snowflakes: list[SnowflakeGenerator] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -395,11 +397,10 @@ def connect(
     store: RangeStore = engine.ranges()
     if dc is not None or dc_store is not None:
         store = open_datacenter(engine, dc, dc_store, timeout)
-    minter = Minter(
+    return Minter(
         store,
         segment_options=segment_options,
         lease_store=engine.leases(),
         engine=engine,
+        timeout=timeout,
     )
-    minter.timeout = timeout
-    return minter

@@ -7,10 +7,9 @@ an unknown key, a bad count).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -225,6 +224,13 @@ def keys_add(
         click.echo(f"added {key.name}: {_describe_key(key)}")
 
 
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
+    """Rows (the first one the header) in columns as wide as their widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
 def _describe_key(key: Key) -> str:
     striped = f", {key.stripes} stripes" if key.stripes > 1 else ""
     return f"ids {key.first_id}..{key.last_id}, step {key.step}{striped}"
@@ -257,9 +263,7 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
         )
         for k in all_keys
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_table(rows)
 
 
 @keys.command("show")
@@ -700,9 +704,9 @@ def _sizing_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def _sizing(base: ReservationSizing, **given: Any) -> ReservationSizing:
-    values = {k: v for k, v in given.items() if v is not None}
-    return dataclasses.replace(base, **values)
+def _given(options: dict[str, Any]) -> dict[str, Any]:
+    """The options the command line gave (the others are None)."""
+    return {k: v for k, v in options.items() if v is not None}
 
 
 @cli.group("dc")
@@ -758,7 +762,7 @@ def dc_add(
                 start=start,
                 max=max_,
                 description=description,
-                sizing=_sizing(ReservationSizing(), **sizing),
+                sizing=ReservationSizing(**_given(sizing)),
             )
         except KeyExists:
             if not exist_ok:
@@ -793,10 +797,7 @@ def dc_list(ctx: click.Context, as_json: bool) -> None:
 def dc_set(ctx: click.Context, /, name: str, **sizing: Any) -> None:
     """Change how NAME's reservations are sized, from each datacenter's next one."""
     with _minter(ctx) as minter:
-        level = minter.datacenters()
-        row = level.settings(name)
-        level.set_sizing(name, _sizing(row, **sizing))
-        now = level.settings(name)
+        now = minter.datacenters().set_sizing(name, **_given(sizing))
     click.echo(f"{name}: {_describe_sizing(now)}")
 
 
@@ -845,9 +846,7 @@ def dc_status(
                 st.seen_from,
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_table(rows)
 
 
 @dc_group.command("retire")

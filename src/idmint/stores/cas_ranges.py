@@ -91,6 +91,36 @@ class Backoff:
         return wait
 
 
+def cas_update(
+    cas: CasStore,
+    cell: str,
+    attempt: Callable[[], tuple[int | None, str | None, T]],
+    backoff: Backoff,
+    what: str,
+    on_lost: Callable[[], None] | None = None,
+) -> tuple[T, int]:
+    """The compare-and-set loop every strategy over cells uses. `attempt` reads what it needs
+    and returns (the version to swap against, or None to create the cell; the new value, or
+    None to write nothing; the result). A lost swap (or create) calls `on_lost`, backs off
+    and attempts again, until the back-off's deadline. Returns the result and how many
+    attempts were lost."""
+    wait: Callable[[], None] | None = None
+    lost = 0
+    while True:
+        version, value, result = attempt()
+        if value is None:
+            return result, lost
+        done = cas.create(cell, value) if version is None else cas.swap(cell, version, value)
+        if done:
+            return result, lost
+        lost += 1
+        if on_lost is not None:
+            on_lost()
+        if wait is None:
+            wait = backoff.waits(what)
+        wait()
+
+
 @dataclass
 class CasCounts:
     """What the compare-and-set loops did, for stats and /metrics."""
@@ -183,27 +213,33 @@ class CasRangeStore:
         and swap the new row in; when another writer swapped first, back off and redo.
         `change` returns (new row or None to leave the row as it is, result). Returns the
         result and how many swaps were lost."""
-        wait: Callable[[], None] | None = None
-        lost = 0
-        while True:
-            row, origin, version = read or self._read_stripe(name, stripe)
-            read = None
+        first = read
+
+        def attempt() -> tuple[int | None, str | None, T]:
+            nonlocal first
+            row, origin, version = first or self._read_stripe(name, stripe)
+            first = None
             new_row, result = change(row)
-            if new_row is None or self.cas.swap(
-                cell_name(name, stripe),
-                version,
-                _encode(replace(new_row, updated_at=_now()), origin),
-            ):
-                if lost:
-                    with self._counts_lock:
-                        self.counts.retries += 1
-                return result, lost
-            lost += 1
+            if new_row is None:
+                return version, None, result
+            return version, _encode(replace(new_row, updated_at=_now()), origin), result
+
+        def conflict() -> None:
             with self._counts_lock:
                 self.counts.conflicts += 1
-            if wait is None:
-                wait = self.backoff.waits(f"{what} on key {name!r} ({self.display_url})")
-            wait()
+
+        result, lost = cas_update(
+            self.cas,
+            cell_name(name, stripe),
+            attempt,
+            self.backoff,
+            f"{what} on key {name!r} ({self.display_url})",
+            conflict,
+        )
+        if lost:
+            with self._counts_lock:
+                self.counts.retries += 1
+        return result, lost
 
     # -- the RangeStore protocol -------------------------------------------------------------
 

@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .._errors import (
     DatacenterRetired,
@@ -59,7 +59,7 @@ from .._errors import (
 from .._fork import ForkAware
 from ..ids import DEFAULT_FIRST_ID, Allocation, Key, Range
 from ..stores.base import CasStore, StoreIdentity
-from ..stores.cas_ranges import Backoff
+from ..stores.cas_ranges import Backoff, cas_update
 
 log = logging.getLogger("idmint.datacenter")
 
@@ -450,21 +450,23 @@ class DatacenterRanges(ForkAware):
     ) -> T:
         """Compare-and-set loop: `attempt` reads what it needs and returns (the version to
         swap against, or None to create the cell; the new value, or None to write nothing;
-        the result). A lost swap backs off (Broadcast's random back-off) and attempts again."""
-        wait: Callable[[], None] | None = None
-        while True:
-            version, value, result = attempt()
-            if value is None:
-                return result
-            if on_global:
+        the result): cas_update, with this level's counts."""
+
+        def counted() -> tuple[int | None, str | None, T]:
+            got = attempt()
+            if on_global and got[1] is not None:
                 self._count(global_cas=1)
-            done = cas.create(cell, value) if version is None else cas.swap(cell, version, value)
-            if done:
-                return result
-            self._count(**{"global_conflicts" if on_global else "local_conflicts": 1})
-            if wait is None:
-                wait = self.backoff.waits(f"{what} ({cas.display_url})")
-            wait()
+            return got
+
+        conflicts = "global_conflicts" if on_global else "local_conflicts"
+        return cas_update(
+            cas,
+            cell,
+            counted,
+            self.backoff,
+            f"{what} ({cas.display_url})",
+            lambda: self._count(**{conflicts: 1}),
+        )[0]
 
     def _local_row(self, name: str) -> tuple[LocalRow, int]:
         """The datacenter's cell of `name` and its version, made on first use (before the
@@ -472,7 +474,7 @@ class DatacenterRanges(ForkAware):
 
         So a missing cell whose datacenter the global cell granted reservations (not given
         back) was lost: starting afresh could repeat the ids it handed out."""
-        while True:
+        for _ in range(RESERVE_ROUNDS):
             got = self._read_local(name)
             if got is not None:
                 return got
@@ -489,6 +491,10 @@ class DatacenterRanges(ForkAware):
                 )
             row = LocalRow.new(self.dc, top, done, self._clock_ms())
             self.local_cas.create(local_cell(name, self.dc), row.encode())
+        raise StoreUnavailable(  # made (by us or another) and still not there to read
+            f"datacenter {self.dc!r}: its cell of key {name!r} in {self.local_cas.display_url} "
+            f"was made {RESERVE_ROUNDS} times and never read back"
+        )
 
     # -- processes take ranges ----------------------------------------------------------------
 
@@ -763,35 +769,30 @@ class DatacenterRanges(ForkAware):
         return self._read_global(name)[0].sizing
 
     def set_max_batch(self, name: str, max_batch: int) -> Key:
-        return self._set(name, lambda top: replace(top, max_batch=max_batch))
+        return self._set(name, lambda top: replace(top, max_batch=max_batch)).key(name)
 
-    def set_sizing(self, name: str, sizing: ReservationSizing) -> Key:
-        """Change how reservations of the key are sized from the next one on (every
-        datacenter); fields left 0 keep their value."""
+    def set_sizing(self, name: str, **changes: Any) -> ReservationSizing:
+        """Change how the key's reservations are sized (ReservationSizing's fields; a
+        reservation bound of 0 is the default again), from each datacenter's next one on.
+        Returns the sizing as stored."""
 
         def change(top: GlobalRow) -> GlobalRow:
-            old = top.sizing
-            new = ReservationSizing(
-                runway=sizing.runway,
-                min_reservation=sizing.min_reservation or old.min_reservation,
-                max_reservation=sizing.max_reservation or old.max_reservation,
-                preload_at=sizing.preload_at,
-                window=sizing.window,
-            ).check()
-            return replace(top, sizing=new.for_key(top.first_id, top.last_id))
+            sizing = replace(top.sizing, **changes).check()
+            return replace(top, sizing=sizing.for_key(top.first_id, top.last_id))
 
-        return self._set(name, change)
+        return self._set(name, change).sizing
 
-    def _set(self, name: str, change: Callable[[GlobalRow], GlobalRow]) -> Key:
+    def _set(self, name: str, change: Callable[[GlobalRow], GlobalRow]) -> GlobalRow:
+        """Change the key's global cell (a compare-and-set loop); returns the new one."""
+
         def attempt() -> tuple[int | None, str | None, GlobalRow]:
             top, version = self._read_global(name)
             new = change(top)
             return version, new.encode(), new
 
-        top = self._update(
+        return self._update(
             self.global_cas, global_cell(name), f"change {name}", attempt, on_global=True
         )
-        return top.key(name)
 
     # -- datacenters -------------------------------------------------------------------------
 
