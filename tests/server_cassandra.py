@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +37,7 @@ from typing import Any
 
 from servers import LOOPBACK, Pausable, ServerStartError, _Watchdog, free_port, wait_until
 
-__all__ = ["CassandraServer", "find_cassandra_home", "find_java_home"]
+__all__ = ["CassandraCluster", "CassandraServer", "find_cassandra_home", "find_java_home"]
 
 VERSION_DIR = "apache-cassandra-2.1.0"
 _KEYSPACE_CHARS = re.compile(r"[^a-z0-9_]")
@@ -133,7 +134,7 @@ commitlog_segment_size_in_mb: 32
 seed_provider:
     - class_name: org.apache.cassandra.locator.SimpleSeedProvider
       parameters:
-          - seeds: "{host}"
+          - seeds: "{seeds}"
 concurrent_reads: 32
 concurrent_writes: 32
 concurrent_counter_writes: 32
@@ -170,7 +171,7 @@ cas_contention_timeout_in_ms: 1000
 truncate_request_timeout_in_ms: 60000
 request_timeout_in_ms: 10000
 cross_node_timeout: false
-endpoint_snitch: SimpleSnitch
+endpoint_snitch: {snitch}
 dynamic_snitch_update_interval_in_ms: 100
 dynamic_snitch_reset_interval_in_ms: 600000
 dynamic_snitch_badness_threshold: 0.1
@@ -225,6 +226,16 @@ def find_java_home() -> Path:
     return Path(os.path.realpath(java)).parent.parent
 
 
+def cgroup_dir(path: str) -> Path:
+    """A cgroup by its path under the cgroup v2 hierarchy (the path iptables' cgroup match
+    takes)."""
+    with open("/proc/mounts") as mounts:
+        roots = [line.split()[1] for line in mounts if line.split()[2:3] == ["cgroup2"]]
+    if not roots:
+        raise ServerStartError("no cgroup v2 hierarchy is mounted: the partition tests need one")
+    return Path(roots[0]) / path
+
+
 def keyspace_name(name: str) -> str:
     """A valid keyspace name made from `name`: [a-z0-9_], starting with a letter, 48 at most."""
     cleaned = _KEYSPACE_CHARS.sub("_", name.lower())
@@ -244,7 +255,15 @@ class CassandraServer(Pausable):
         heap: str = "384M",
         newgen: str = "96M",
         settings: dict[str, object] | None = None,
+        host: str = LOOPBACK,
+        dc: str | None = None,
+        seeds: tuple[str, ...] = (),
+        ports: tuple[int, int, int, int] | None = None,
     ) -> None:
+        # A node of a cluster (CassandraCluster) has its own loopback address, a datacenter,
+        # the cluster's seeds, and the cluster's ports (CQL, storage, SSL storage, Thrift).
+        self.host, self.dc, self.seeds, self._shared_ports = host, dc, seeds or (host,), ports
+        self.cgroup: str | None = None  # set by CassandraCluster: the node's own cgroup
         self.settings = dict(settings or {})  # cassandra.yaml lines that replace the defaults
         self.home = find_cassandra_home()
         self.java_home = find_java_home()
@@ -261,15 +280,21 @@ class CassandraServer(Pausable):
         atexit.register(self._atexit)
 
     def _pick_ports(self) -> None:
-        self.port = free_port()
-        self.storage_port, self.ssl_storage_port = free_port(), free_port()
-        self.jmx_port, self.rpc_port = free_port(), free_port()
+        if self._shared_ports is not None:
+            self.port, self.storage_port, self.ssl_storage_port, self.rpc_port = self._shared_ports
+        else:
+            self.port = free_port()
+            self.storage_port, self.ssl_storage_port = free_port(), free_port()
+            self.rpc_port = free_port()
+        self.jmx_port = free_port()
 
     def _write_config(self) -> None:
         conf = self.base_dir / "conf"
         text = YAML.format(
             base=self.base_dir,
-            host=LOOPBACK,
+            host=self.host,
+            seeds=",".join(self.seeds),
+            snitch="SimpleSnitch" if self.dc is None else "GossipingPropertyFileSnitch",
             port=self.port,
             storage_port=self.storage_port,
             ssl_storage_port=self.ssl_storage_port,
@@ -282,6 +307,8 @@ class CassandraServer(Pausable):
         (conf / "cassandra.yaml").write_text(text)
         (conf / "cassandra-env.sh").write_text(ENV_SH)
         (conf / "logback.xml").write_text(LOGBACK_XML.format(log_dir=self.base_dir / "logs"))
+        if self.dc is not None:
+            (conf / "cassandra-rackdc.properties").write_text(f"dc={self.dc}\nrack=rack1\n")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -290,7 +317,7 @@ class CassandraServer(Pausable):
             return
         # Ports come from free_port(), which another process may take before Cassandra binds
         # them: pick others and retry, but only before the first start (clients know the port).
-        attempts = 1 if self._started_once else 3
+        attempts = 1 if self._started_once or self._shared_ports else 3
         for attempt in range(1, attempts + 1):
             try:
                 self._spawn_and_wait()
@@ -315,6 +342,9 @@ class CassandraServer(Pausable):
         }
         env.pop("CASSANDRA_INCLUDE", None)
         argv = [str(self.home / "bin" / "cassandra"), "-f"]  # -f: it exec's the JVM
+        if self.cgroup is not None:  # what the node sends can be told apart (harness.Partition)
+            procs = cgroup_dir(self.cgroup) / "cgroup.procs"
+            argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *argv]
         if os.geteuid() == 0:  # as root it would mlockall its whole heap
             argv = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", *argv]
         with self.log_path.open("ab") as log:
@@ -335,7 +365,7 @@ class CassandraServer(Pausable):
             wait_until(
                 self._ready,
                 self.startup_timeout,
-                f"Cassandra's CQL port 127.0.0.1:{self.port}",
+                f"Cassandra's CQL port {self.host}:{self.port}",
                 interval=0.1,
             )
             self.started_in = time.monotonic() - started
@@ -353,7 +383,7 @@ class CassandraServer(Pausable):
             code = None if proc is None else proc.returncode
             raise ServerStartError(f"Cassandra exited with code {code}")
         try:
-            with socket.create_connection((LOOPBACK, self.port), timeout=1):
+            with socket.create_connection((self.host, self.port), timeout=1):
                 pass
         except OSError:
             return False
@@ -416,7 +446,7 @@ class CassandraServer(Pausable):
 
     def store_url(self, name: str) -> str:
         """A cassandra:// URL to a keyspace of its own, named after `name` (made on first use)."""
-        return f"cassandra://{LOOPBACK}:{self.port}/{keyspace_name(name)}"
+        return f"cassandra://{self.host}:{self.port}/{keyspace_name(name)}"
 
     def execute(
         self, cql: str, params: tuple[Any, ...] = (), timeout: float = 30.0
@@ -428,12 +458,12 @@ class CassandraServer(Pausable):
         from cassandra.query import dict_factory
 
         profile = ExecutionProfile(
-            load_balancing_policy=WhiteListRoundRobinPolicy([LOOPBACK]),
+            load_balancing_policy=WhiteListRoundRobinPolicy([self.host]),
             request_timeout=timeout,
             row_factory=dict_factory,
         )
         cluster = Cluster(
-            [LOOPBACK],
+            [self.host],
             port=self.port,
             protocol_version=3,
             execution_profiles={EXEC_PROFILE_DEFAULT: profile},
@@ -445,3 +475,72 @@ class CassandraServer(Pausable):
             return rows
         finally:
             cluster.shutdown()
+
+
+class CassandraCluster:
+    """Three nodes in two datacenters on loopback aliases, as ../shared/cassandra's recipe runs
+    them: n1 and n2 in dc1 (127.0.0.1, .2), n3 in dc2 (127.0.0.3); every node a seed, so they
+    start together. `nodes` by name; `store_url(name, dc)` is a URL served by that datacenter's
+    nodes, for a keyspace replicated dc1:2, dc2:1."""
+
+    LAYOUT = (("n1", "127.0.0.1", "dc1"), ("n2", "127.0.0.2", "dc1"), ("n3", "127.0.0.3", "dc2"))
+    REPLICATION = "dc1:2,dc2:1"
+
+    def __init__(self, *, startup_timeout: float = 150.0) -> None:
+        ports = (free_port(), free_port(), free_port(), free_port())
+        seeds = tuple(ip for _, ip, _ in self.LAYOUT)
+        self.nodes = {
+            name: CassandraServer(
+                host=ip,
+                dc=dc,
+                seeds=seeds,
+                ports=ports,
+                startup_timeout=startup_timeout,
+            )
+            for name, ip, dc in self.LAYOUT
+        }
+        self.port, self.storage_port = ports[0], ports[1]
+        for node in self.nodes.values():
+            node.cgroup = f"idmint-test-{node.base_dir.name}"
+            cgroup_dir(node.cgroup).mkdir()
+
+    def start(self) -> None:
+        errors: list[BaseException] = []
+
+        def start(node: CassandraServer) -> None:
+            try:
+                node.start()
+            except BaseException as exc:  # reported below, from the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start, args=(n,)) for n in self.nodes.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        wait_until(self._gossip_settled, 60, "the three Cassandra nodes to know each other")
+
+    def _gossip_settled(self) -> bool:
+        return all(
+            len(node.execute("SELECT peer FROM system.peers")) == len(self.nodes) - 1
+            for node in self.nodes.values()
+        )
+
+    def addresses(self, dc: str) -> list[str]:
+        return [ip for _, ip, node_dc in self.LAYOUT if node_dc == dc]
+
+    def store_url(self, name: str, dc: str, **params: str) -> str:
+        query = "&".join(f"{k}={v}" for k, v in {"dc": dc, **params}.items())
+        return (
+            f"cassandra://{self.addresses(dc)[0]}:{self.port}/{keyspace_name(name)}"
+            f"?replication={self.REPLICATION}&{query}"
+        )
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
+            assert node.cgroup is not None
+            with contextlib.suppress(OSError):
+                cgroup_dir(node.cgroup).rmdir()

@@ -27,7 +27,11 @@ LOOPBACK = "127.0.0.1"
 class EtcdServer(Pausable):
     """One etcd member; ``store_url(name)`` is an etcd:// URL with its own key prefix."""
 
-    def __init__(self, *, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self, *, startup_timeout: float = 20.0, addresses: tuple[str, ...] = (LOOPBACK,)
+    ) -> None:
+        # More addresses than 127.0.0.1: clients that a partition test cuts off by address.
+        self.addresses = addresses
         if not Path(ETCD).is_file():
             raise ServerStartError(f"etcd not found at {ETCD} (set IDMINT_ETCD)")
         self.port, self.peer_port = free_port(), free_port()
@@ -40,13 +44,14 @@ class EtcdServer(Pausable):
     def start(self) -> None:
         if self._proc is not None:
             return
-        client, peer = f"http://{LOOPBACK}:{self.port}", f"http://{LOOPBACK}:{self.peer_port}"
+        client = ",".join(f"http://{a}:{self.port}" for a in self.addresses)
+        peer = f"http://{LOOPBACK}:{self.peer_port}"
         argv = [
             ETCD,
             "--name=default",
             f"--data-dir={self.base_dir / 'data'}",
             f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
+            f"--advertise-client-urls=http://{self.addresses[0]}:{self.port}",
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=default={peer}",
@@ -117,5 +122,5 @@ class EtcdServer(Pausable):
         self.kill()
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
-    def store_url(self, name: str) -> str:
-        return f"etcd://{LOOPBACK}:{self.port}/{name}"
+    def store_url(self, name: str, address: str = LOOPBACK) -> str:
+        return f"etcd://{address}:{self.port}/{name}"

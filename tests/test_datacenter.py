@@ -270,3 +270,31 @@ def test_the_minter_api(tmp_path: pytest.TempPathFactory) -> None:
         taken = minter.take("order", 5)
         assert (taken.start - 1) // 1000 == (min(in_us) - 1) // 1000
         assert minter.segment("order").next_id() in range(taken.stop, 2001)
+
+
+def test_a_cell_made_by_another_process_meanwhile_is_not_taken_for_lost() -> None:
+    """First use in two processes of one datacenter at once: one finds no cell, then the other
+    makes it and takes the first grant before the global cell is read. That grant must not
+    read as a lost cell."""
+    top, local = MemoryCasStore(), MemoryCasStore()
+    first = DatacenterRanges(top, local, "eu")
+    first.add_key("k", step=10, last_id=10**6, sizing=ReservationSizing(min_reservation=100))
+
+    class Slow:
+        """The datacenter's store, with the other process's first use run during this one's
+        first read of its cell (after the read has found nothing)."""
+
+        raced = False
+
+        def read(self, cell: str) -> tuple[str, int] | None:
+            got = local.read(cell)
+            if not self.raced:
+                self.raced = True
+                first.allocate("k", 5)
+            return got
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(local, name)
+
+    second = DatacenterRanges(top, Slow(), "eu")  # type: ignore[arg-type]
+    assert second.allocate("k", 5).range == Range(6, 11)

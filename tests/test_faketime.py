@@ -3,7 +3,6 @@ step back: no id repeats, errors are typed, service resumes by itself."""
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
@@ -13,14 +12,9 @@ import time
 from pathlib import Path
 
 from checks import assert_unique
+from harness import libfaketime
 
 WORKER = str(Path(__file__).with_name("faketime_worker.py"))
-
-
-def libfaketime() -> str:
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    assert found, "libfaketime is not installed: .ci/install installs Debian's faketime"
-    return found[0]
 
 
 class Clocked:

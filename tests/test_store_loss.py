@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import redis
-from server_etcd import EtcdServer
 
 import idmint
 from idmint import CounterWentBack, LeaseLost, SegmentOptions, StoreUnavailable
@@ -25,6 +24,7 @@ from idmint.strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
 from checks import assert_unique
 from flake_procs import OUTPUTS, kill_left, read, start, wait_for_ids
+from server_etcd import EtcdServer
 
 
 def wipe_etcd(server: EtcdServer) -> None:

@@ -364,14 +364,20 @@ def open_datacenter(
     (Cassandra). Without `dc`, the global level alone."""
     if engine is None:
         raise InvalidArgument("datacenter keys need a minter made by idmint.connect()")
+    global_cas = engine.cas()
+    if getattr(global_cas, "datacenter_local", False):
+        raise InvalidArgument(
+            f"{engine.display_url}: the global level of datacenter keys needs serial=SERIAL; "
+            "at LOCAL_SERIAL two datacenters can both take the same reservation"
+        )
     if dc is None:
         if dc_store is not None:
             raise InvalidArgument("a datacenter's store (dc_store) needs its name (dc)")
-        return DatacenterRanges(engine.cas())
+        return DatacenterRanges(global_cas)
     local = (
         engine.local_cas(dc) if dc_store is None else open_engine(dc_store, timeout=timeout).cas()
     )
-    return DatacenterRanges(engine.cas(), local, dc)
+    return DatacenterRanges(global_cas, local, dc)
 
 
 def connect(

@@ -676,6 +676,12 @@ class CassandraCasStore(_Capability):
     """A CasStore on the `idmint_cells` table: every read a Paxos read, every write a
     lightweight transaction."""
 
+    @property
+    def datacenter_local(self) -> bool:
+        """Whether its compare-and-sets are decided in one datacenter only (LOCAL_SERIAL): two
+        datacenters can then both win one swap (see DatacenterRanges)."""
+        return self._conn.settings.serial == "LOCAL_SERIAL"
+
     def read(self, key: str) -> tuple[str, int] | None:
         conn = self._open()
         rows = conn.serial_read(f"SELECT value, version FROM {conn.cells} WHERE name = ?", (key,))

@@ -338,6 +338,24 @@ class DatacenterStatus:
         return shown
 
 
+def _local_status(name: str, row: LocalRow, now_ms: int) -> DatacenterStatus:
+    rate = row.rate(now_ms)
+    reserved = (row.start, row.stop) if row.stop > row.start else None
+    return DatacenterStatus(
+        key=name,
+        dc=row.dc,
+        reserved=reserved,
+        next_id=row.next if reserved else None,
+        preloaded=row.preloaded,
+        left=row.left,
+        rate=rate,
+        runway_s=row.left / rate if rate else None,
+        grants=row.applied,
+        retired=row.retired,
+        seen_from="local",
+    )
+
+
 @dataclass
 class DatacenterCounts:
     """What the datacenter level did in this process, for stats and /metrics."""
@@ -395,8 +413,14 @@ class DatacenterRanges(ForkAware):
         self._lock = threading.Lock()
         self._preloading: set[str] = set()
         self._spent_until: dict[str, float] = {}  # key -> monotonic time: global space gone
+        self._seen: dict[str, LocalRow] = {}  # key -> its cell as this process last wrote it
         self._stopping = threading.Event()
         self._watch_fork()
+
+    @property
+    def serves(self) -> str | None:
+        """The datacenter this store serves, None for the global level alone."""
+        return self._dc
 
     @property
     def dc(self) -> str:
@@ -472,13 +496,18 @@ class DatacenterRanges(ForkAware):
         """The datacenter's cell of `name` and its version, made on first use (before the
         datacenter's first grant: a grant is only ever made for a cell that exists).
 
-        So a missing cell whose datacenter the global cell granted reservations (not given
-        back) was lost: starting afresh could repeat the ids it handed out."""
+        So a cell missing after the global cell showed its datacenter a grant (not given
+        back) was lost: starting afresh could repeat the ids it handed out. The cell is read
+        again after the global one: another process may have made it and taken the grant
+        between the first read and the global one."""
         for _ in range(RESERVE_ROUNDS):
             got = self._read_local(name)
             if got is not None:
                 return got
             top, _ = self._read_global(name)
+            got = self._read_local(name)
+            if got is not None:
+                return got
             grant = top.grants.get(self.dc)
             done = top.returned.get(self.dc, 0)
             if grant is not None and grant.seq > done:
@@ -531,6 +560,7 @@ class DatacenterRanges(ForkAware):
             got = self._update(self.local_cas, cell, f"take from {cell}", take, on_global=False)
             if got is not None:
                 taken, row = got
+                self._seen[name] = row
                 if row.preloaded is None and row.used >= row.preload_at:
                     self._preload_in_background(name)
                 return Allocation(taken, row.key(name), epoch=row.serving)
@@ -647,12 +677,15 @@ class DatacenterRanges(ForkAware):
             else:
                 row = replace(row, preloaded=(grant.start, grant.stop))
             row = replace(row, applied=grant.seq, updated_ms=self._clock_ms()).settled(top)
+            written.append(row)
             return version, row.encode(), True
 
+        written: list[LocalRow] = []
         applied = self._update(
             self.local_cas, cell, f"apply a grant to {cell}", apply, on_global=False
         )
         if applied:
+            self._seen[name] = written[-1]
             self._count(grants=1)
             log.info(
                 "key %r: datacenter %s reserved [%d, %d) (grant %d)",
@@ -815,23 +848,7 @@ class DatacenterRanges(ForkAware):
             row = cells.get(dc)
             grant = top.grants.get(dc)
             if row is not None:
-                rate = row.rate(now)
-                reserved = (row.start, row.stop) if row.stop > row.start else None
-                shown.append(
-                    DatacenterStatus(
-                        key=name,
-                        dc=dc,
-                        reserved=reserved,
-                        next_id=row.next if reserved else None,
-                        preloaded=row.preloaded,
-                        left=row.left,
-                        rate=rate,
-                        runway_s=row.left / rate if rate else None,
-                        grants=row.applied,
-                        retired=row.retired,
-                        seen_from="local",
-                    )
-                )
+                shown.append(_local_status(name, row, now))
             elif grant is not None:
                 shown.append(
                     DatacenterStatus(
@@ -849,6 +866,12 @@ class DatacenterRanges(ForkAware):
                     )
                 )
         return shown
+
+    def seen(self) -> list[DatacenterStatus]:
+        """This datacenter's state of each key this process served, as the process last wrote
+        its cell (no I/O: for /metrics, and it answers while the global level is cut off)."""
+        now = self._clock_ms()
+        return [_local_status(name, row, now) for name, row in sorted(self._seen.items())]
 
     def retire(self, name: str) -> list[Range]:
         """Stop this datacenter taking ids of the key and give its unused ids back to the key
