@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from idmint import InvalidArgument
+import idmint
+from idmint import InvalidArgument, ReservationSizing
 from idmint.server import App, ServerConfig
 from idmint.server.config import read_config_file
 
@@ -433,3 +435,30 @@ def test_stripes_and_conflicts_in_metrics_and_stats(any_app: App) -> None:
     assert f"idmint_cas_retries_total {counts.retries}\n" in metrics
     cas = call(app, "GET", "/v1/stats").json()["cas"]
     assert cas == {"conflicts": counts.conflicts, "retries": counts.retries}
+
+
+def test_a_datacenter_server_reports_reservation_left_and_runway(tmp_path: Path) -> None:
+    """A server of datacenter eu: its keys' reservation left, rate, runway and the datacenter
+    level's counts in /metrics and /v1/stats (from the cell as last written: no store I/O)."""
+    top, eu = f"sqlite:///{tmp_path / 'global.db'}", f"sqlite:///{tmp_path / 'eu.db'}"
+    with idmint.connect(top) as minter:
+        minter.add_datacenter_key(
+            "order", step=10, max=2**31 - 1, sizing=ReservationSizing(min_reservation=1000)
+        )
+    app = App(ServerConfig(store=top, dc="eu", dc_store=eu))
+    assert call(app, "GET", "/v1/keys/order/ids?count=3").json()["ids"] == [1, 2, 3]
+    metrics = call(app, "GET", "/metrics").text
+    left = re.search(r'^idmint_dc_reservation_left\{key="order",dc="eu"\} (\d+)$', metrics, re.M)
+    assert left is not None and 900 <= int(left[1]) <= 990  # less: the generator preloaded
+    assert 'idmint_dc_grants{key="order",dc="eu"} 1' in metrics
+    assert 'idmint_dc_global_cas_total{dc="eu"} 1' in metrics
+    assert 'idmint_dc_preload_failures_total{dc="eu"} 0' in metrics
+    stats = call(app, "GET", "/v1/stats").json()["datacenter"]
+    assert stats["dc"] == "eu" and stats["counts"]["grants"] == 1
+    [order] = stats["keys"]
+    assert order["reserved"] == {"start": 1, "stop": 1001} and 900 <= order["left"] <= 990
+    app.shutdown()
+    plain = App(ServerConfig(store=f"sqlite:///{tmp_path / 'plain.db'}"))
+    assert call(plain, "GET", "/v1/stats").json()["datacenter"] is None
+    assert "idmint_dc_" not in call(plain, "GET", "/metrics").text
+    plain.shutdown()

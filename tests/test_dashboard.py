@@ -355,3 +355,25 @@ def test_dashboard_shows_a_striped_key_served(tmp_path: Path) -> None:
         assert re.fullmatch(r"conflicts \d+ · retries \d+", page.by_id["f-cas"])
     finally:
         server.stop()
+
+
+def test_dashboard_shows_a_datacenters_runway(stub: StubServer) -> None:
+    server = {"version": "9.9.9", "store": "cassandra://db/ids", "pid": 77}
+    server |= {"started_at": "2026-11-21T05:00:00+00:00", "uptime_s": 60.0, "ready": True}
+    status: dict[str, object] = {"key": "order", "dc": "eu", "reserved": {"start": 1, "stop": 1001}}
+    status |= {"next_id": 11, "preloaded": None, "grants": 1, "retired": False}
+    counts = {"global_cas": 1, "global_conflicts": 0, "local_conflicts": 0, "grants": 1}
+    counts |= {"preload_failures": 3, "runway_spent": 0}
+    slow = status | {"key": "slow", "left": 5000, "rate": 1.0, "runway_s": 5000.0}
+    fast = status | {"key": "fast", "left": 990, "rate": 0.5, "runway_s": 1980.0}
+    stub.answers = [
+        {
+            "server": server,
+            "keys": [],
+            "datacenter": {"dc": "eu", "counts": counts, "keys": [slow, fast]},
+        }
+    ]
+    page = render(stub.url + "/")
+    assert "f-dc-box" not in page.hidden
+    assert page.by_id["f-dc"].startswith("eu · fast 990 left · runway 33")
+    assert page.by_id["f-dc"].endswith("preload failures 3")

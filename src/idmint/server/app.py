@@ -54,7 +54,15 @@ from ..stores.base import STORE_HEADER, StoreIdentity
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
-from .metrics import RATE_WINDOW, Counters, KeySnapshot, RateMeter, cas_counts, render_prometheus
+from .metrics import (
+    RATE_WINDOW,
+    Counters,
+    KeySnapshot,
+    RateMeter,
+    cas_counts,
+    datacenter_stats,
+    render_prometheus,
+)
 from .openapi import openapi_document
 from .pools import Pool, PoolTimeout
 
@@ -906,6 +914,7 @@ class App:
                 self._info(),
                 self._flake.stats() if self._flake is not None else None,
                 cas_counts(self.minter.store),
+                datacenter_stats(self.minter.store),
             ),
             PROMETHEUS,
         )
@@ -935,6 +944,7 @@ class App:
                 "keys": [s.as_dict() for s in snapshots],
                 "snowflake": flake,
                 "cas": cas_counts(self.minter.store),
+                "datacenter": datacenter_stats(self.minter.store),
             }
         )
 

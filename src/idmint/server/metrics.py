@@ -5,11 +5,13 @@ generators); the key's remaining ids come from the store and are the same everyw
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..ids import Key, Range
 from ..stores.cas_ranges import CasCounts
+from ..strategies.datacenter import DatacenterRanges
 from ..strategies.segment import SegmentStats
 
 RATE_WINDOW = 1.0  # seconds between two samples of every key's issued count
@@ -99,6 +101,18 @@ def cas_counts(store: object) -> dict[str, int] | None:
     return {"conflicts": counts.conflicts, "retries": counts.retries}
 
 
+def datacenter_stats(store: object) -> dict[str, Any] | None:
+    """A datacenter's keys as this process last saw them (reservation left, rate, runway) and
+    what its datacenter level did; None unless the server serves datacenter keys."""
+    if not isinstance(store, DatacenterRanges) or store.serves is None:
+        return None
+    return {
+        "dc": store.dc,
+        "counts": asdict(store.counts),
+        "keys": [s.as_dict() for s in store.seen()],
+    }
+
+
 @dataclass
 class Counters:
     """Request outcomes: errors by status, ranges handed per key, ids handed per route."""
@@ -123,6 +137,7 @@ def render_prometheus(
     info: dict[str, Any],
     snowflake: dict[str, Any] | None = None,
     cas: dict[str, int] | None = None,
+    datacenter: dict[str, Any] | None = None,
 ) -> str:
     """The Prometheus text exposition format, version 0.0.4."""
     lines: list[str] = []
@@ -276,6 +291,8 @@ def render_prometheus(
             "Store operations of this process that needed more than one compare-and-set.",
             [({}, cas["retries"])],
         )
+    if datacenter is not None:
+        _datacenter_metrics(metric, datacenter)
     if snowflake is not None:
         layout = {"layout": str(snowflake["layout"])}
         for name, kind, help_, field in (
@@ -324,3 +341,39 @@ def render_prometheus(
         [({}, time.time() - float(info["started"]))],
     )
     return "\n".join(lines) + "\n"
+
+
+Emit = Callable[[str, str, str, list[tuple[dict[str, str], float]]], None]
+
+
+def _datacenter_metrics(metric: Emit, datacenter: dict[str, Any]) -> None:
+    dc = str(datacenter["dc"])
+    keys = datacenter["keys"]
+    for name, help_, field_ in (
+        (
+            "idmint_dc_reservation_left",
+            "Ids the datacenter can hand out without the global level (its reservation's rest "
+            "and the preloaded one), as this process last saw them.",
+            "left",
+        ),
+        (
+            "idmint_dc_runway_seconds",
+            "Seconds the datacenter can serve cut off from the global level, at its rate.",
+            "runway_s",
+        ),
+        ("idmint_dc_rate_ids_per_second", "The datacenter's rate over its window.", "rate"),
+        ("idmint_dc_grants", "Reservations the datacenter has taken.", "grants"),
+    ):
+        rows = [
+            ({"key": s["key"], "dc": dc}, float(s[field_])) for s in keys if s[field_] is not None
+        ]
+        metric(name, "gauge", help_, rows)
+    for field_, help_ in (
+        ("global_cas", "Compare-and-sets this process tried on global cells."),
+        ("global_conflicts", "Global compare-and-sets another writer won."),
+        ("local_conflicts", "Compare-and-sets on the datacenter's cells another process won."),
+        ("preload_failures", "Background reservations that failed (global level out of reach)."),
+        ("runway_spent", "Allocations refused with RunwaySpent (cut off, nothing left)."),
+    ):
+        value = float(datacenter["counts"][field_])
+        metric(f"idmint_dc_{field_}_total", "counter", help_, [({"dc": dc}, value)])
