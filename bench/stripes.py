@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import tempfile
 import time
@@ -144,6 +143,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warm-up", type=float, default=5.0, help="seconds to start clients")
     args = parser.parse_args()
+    from report import emit  # here: spawned clients re-import this module without bench/
+
     with contextlib.ExitStack() as stack:
         urls = list(args.store)
         if args.test_servers:
@@ -159,10 +160,7 @@ def main() -> None:
             paths = ("cas", "statement") if open_engine(url).kind in SQL else ("cas",)
             for path in paths:
                 result = run(url, path, args)
-                if args.json:
-                    print(json.dumps(result), flush=True)
-                else:
-                    print(" ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+                emit(result, args.json)
 
 
 if __name__ == "__main__":
