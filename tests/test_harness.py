@@ -86,3 +86,11 @@ def test_a_cut_drops_traffic_to_an_address_until_healed() -> None:
         assert address not in rules.stdout
     finally:
         server.close()
+
+
+def test_heal_all_removes_what_a_killed_run_left() -> None:
+    left = Partition()  # never healed, as after a kill -9 of the test run
+    left.cut_address("127.0.0.15", free_port())
+    heal_all()
+    rules = subprocess.run(["iptables", "-S", "OUTPUT"], capture_output=True, text=True)
+    assert "idmint-test-partition" not in rules.stdout
