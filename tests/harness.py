@@ -96,10 +96,13 @@ def heal_all() -> None:
 
 
 class Node(Protocol):
-    """A store node a nemesis kills (SIGKILL) and starts again: the test servers."""
+    """A store node a nemesis kills (SIGKILL) and starts again, or pauses (SIGSTOP) and
+    resumes: the test servers."""
 
     def kill(self) -> None: ...
     def start(self) -> None: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
 
 
 # -- clocks ----------------------------------------------------------------------------------
