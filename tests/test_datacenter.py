@@ -28,6 +28,7 @@ from idmint.strategies.datacenter import GlobalRow, global_cell
 from idmint.strategies.segment import SegmentGenerator, SegmentOptions
 
 from checks import assert_disjoint, assert_unique, assert_within
+from servers import wait_until
 
 
 def _global_row(dcs: DatacenterRanges, name: str) -> GlobalRow:
@@ -63,10 +64,15 @@ def test_two_datacenters_on_every_engine(cas_store_url: str) -> None:
     status = {s.dc: s for s in eu.status("order")}
     assert set(status) == {"eu", "us"}
     assert status["eu"].grants >= 4  # 3000 ids at 400 a reservation, minus what went back
-    # One global compare-and-set won per reservation: the counts match the global cell.
-    top = _global_row(eu, "order")
-    won = sum(d.counts.global_cas - d.counts.global_conflicts for d in (eu, us))
-    assert won == top.grants["eu"].seq + top.grants["us"].seq
+    # One global compare-and-set won per reservation: the counts match the global cell, once
+    # the preloads the last allocations started in the background are in.
+
+    def counts_match() -> bool:
+        top = _global_row(eu, "order")
+        won = sum(d.counts.global_cas - d.counts.global_conflicts for d in (eu, us))
+        return won == top.grants["eu"].seq + top.grants["us"].seq
+
+    wait_until(counts_match, 10, "the global compare-and-sets won to match the grants")
     eu.close()
     us.close()
 

@@ -871,7 +871,8 @@ class DatacenterRanges(ForkAware):
         """This datacenter's state of each key this process served, as the process last wrote
         its cell (no I/O: for /metrics, and it answers while the global level is cut off)."""
         now = self._clock_ms()
-        return [_local_status(name, row, now) for name, row in sorted(self._seen.items())]
+        seen = self._seen.copy()  # one step under the GIL: allocations may add keys meanwhile
+        return [_local_status(name, row, now) for name, row in sorted(seen.items())]
 
     def retire(self, name: str) -> list[Range]:
         """Stop this datacenter taking ids of the key and give its unused ids back to the key
