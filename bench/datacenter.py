@@ -35,6 +35,7 @@ import multiprocessing
 import sys
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def client(
                 else:
                     runs.append([i, i + 1])
         seen = store.seen() if isinstance(store, DatacenterRanges) else []
-        counts = store.counts.__dict__ if isinstance(store, DatacenterRanges) else {}
+        counts = asdict(store.counts) if isinstance(store, DatacenterRanges) else {}
         out.put(
             {
                 "dc": dc,

@@ -23,8 +23,7 @@ import subprocess
 import sys
 import tempfile
 from bisect import bisect_left
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -268,10 +267,6 @@ class Worker:
     def count(self) -> int:
         return sum(line.startswith("O ") for line in self.text().splitlines())
 
-    def close(self) -> None:
-        self.kill9()
-        self.out.unlink(missing_ok=True)
-
 
 def history(workers: Iterable[Worker]) -> History:
     ops: list[Op] = []
@@ -281,15 +276,6 @@ def history(workers: Iterable[Worker]) -> History:
         ops.extend(got)
         ranges[w.name] = drawn
     return History(ops, ranges)
-
-
-@contextlib.contextmanager
-def workers_running(workers: list[Worker]) -> Iterator[list[Worker]]:
-    try:
-        yield workers
-    finally:
-        for w in workers:
-            w.kill9()
 
 
 # -- checkers --------------------------------------------------------------------------------
@@ -350,12 +336,3 @@ def real_time_violations(ops: Iterable[Op]) -> list[tuple[Op, Op]]:
         if best is not None and best.value is not None and (op.value or 0) <= best.value:
             found.append((best, op))
     return found
-
-
-def by_group(hist: History, group_of: dict[str, str]) -> dict[str, list[int]]:
-    """Ids per group of processes (per datacenter)."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for op in hist.ops:
-        if op.value is not None:
-            groups[group_of[op.process]].append(op.value)
-    return dict(groups)

@@ -445,6 +445,7 @@ class DatacenterRanges(ForkAware):
         self._lock = threading.Lock()
         self._preloading = set()
         self._stopping = threading.Event()
+        self._seen = {}  # the child has served nothing yet
 
     def _count(self, **deltas: int) -> None:
         with self._lock:
