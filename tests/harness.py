@@ -247,9 +247,11 @@ class Worker:
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM: the worker finishes its call, prints its counts and exits; SIGKILL after
-        `timeout`."""
+        `timeout`. A datacenter worker's own bounds add up to about 15 s at worst (a call
+        waiting for a range, 3 s; the refill it joins, 3 s; its give-back's compare-and-set
+        loop, 5 s plus a store timeout; the driver's shutdown), hence twice that."""
         self._signal(signal.SIGCONT)
         self._signal(signal.SIGTERM)
         if self.proc is not None:
