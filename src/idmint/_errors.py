@@ -9,8 +9,9 @@
      │    └── DatacenterRetired  the datacenter gave its reservation back: it takes no more ids
      ├── StoreUnavailable       the store cannot be reached or did not answer in time; transient
      │    ├── CounterWentBack    a key's counter moved below ids this process took: data lost
-     │    └── RunwaySpent        a datacenter used up its reservation and the global store is
-     │                           out of reach (a partition): it serves again when that heals
+     │    ├── RunwaySpent        a datacenter used up its reservation and the global store is
+     │    │                      out of reach (a partition): it serves again when that heals
+     │    └── QuorumUnavailable  no majority of a quorum key's nodes accepted a round in time
      ├── WorkersExhausted       every worker id of a namespace is leased
      ├── WorkerInUse            a static worker id is held by another live process
      ├── LeaseLost              a snowflake generator's worker lease lapsed: it stopped issuing
@@ -118,6 +119,11 @@ class RunwaySpent(StoreUnavailable):
             "store answers; give it a longer runway: idmint dc set KEY --runway)"
         )
         self.key, self.dc, self.reason = key, dc, reason
+
+
+class QuorumUnavailable(StoreUnavailable):
+    """No majority of a quorum key's nodes accepted a round before the deadline: too many nodes
+    are down or out of reach, or callers contended past it. Nothing was handed out; transient."""
 
 
 class WorkersExhausted(IdmintError):

@@ -11,8 +11,10 @@ from .._errors import InvalidArgument
 from ._sql import Dialect, SqlRangeStore
 from ._sql_cas import SqlCasStore
 from ._sql_leases import SqlLeaseStore
+from ._sql_quorum import SqlQuorumNode
 from ._urls import redact, scrub
 from .base import CasStore, LeaseStore, RangeStore, StoreIdentity
+from .cas_quorum import CasQuorumNode
 from .cas_ranges import Backoff, CasRangeStore
 from .engine import Engine
 
@@ -20,6 +22,8 @@ DEFAULT_STORE_URL = "sqlite:///./idmint.db"
 DEFAULT_TIMEOUT = 2.0
 
 SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
+#: Why a memory:// quorum node is unsafe (see QuorumNode.durability).
+MEMORY_LOSES = "memory:// keeps its counters only while this process runs"
 SCHEMES = (*SQL_SCHEMES, "redis", "rediss", "etcd", "zk", "cassandra", "memory")
 
 __all__ = [
@@ -80,6 +84,7 @@ def _sql_engine(kind: str, dialect: Dialect, display: str) -> Engine:
             "ranges": lambda _: SqlRangeStore(dialect, display),
             "leases": lambda _: SqlLeaseStore(dialect, display),
             "cas": lambda _: SqlCasStore(dialect, display),
+            "quorum": lambda _: SqlQuorumNode(dialect, display),
         },
     )
 
@@ -106,6 +111,7 @@ def open_engine(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> 
                 "ranges": _cas_ranges,
                 "leases": lambda _: open_memory_leases(url, identity),
                 "cas": lambda _: open_memory_cas(url, identity),
+                "quorum": lambda engine: CasQuorumNode(engine.cas(), durability=MEMORY_LOSES),
             },
         )
     if scheme in ("redis", "rediss"):

@@ -45,6 +45,9 @@ STRIPE_COLUMNS = "name, max_id, step, first_id, last_id, stripes, stripe"
 # Compare-and-set cells (see _sql_cas.py).
 CELLS_TABLE = "idmint_cells"
 
+# Quorum keys' counters on a quorum node (see _sql_quorum.py).
+QUORUM_TABLE = "idmint_quorum"
+
 # Columns added after a table may have been made: (table, column, definition). A table made by
 # an older version gains each missing one when a connection is made (see _add_columns).
 ADDED_COLUMNS = (
@@ -82,6 +85,10 @@ COMMON_SCHEMA = (
     value   TEXT         NOT NULL,
     version BIGINT       NOT NULL
 )""",
+    f"""CREATE TABLE IF NOT EXISTS {QUORUM_TABLE} (
+    name    VARCHAR(128) NOT NULL PRIMARY KEY,
+    counter BIGINT       NOT NULL
+)""",
 )
 
 
@@ -114,6 +121,9 @@ class Dialect:
     #: UPDATE ... RETURNING: then a whole range is taken in one statement, one round trip
     #: (see SqlRangeStore.allocate).
     returning: bool = False
+    #: Why a commit the server acknowledged might not survive its crash (settings that skip
+    #: the fsync), read with a cursor; None when commits are durable.
+    durability: Callable[[Any], str | None] = field(default=lambda cur: None, repr=False)
     #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
     #: the URL: not in the repr, which a debugger or an error tracker may show.
     scrub: Callable[[str], str] = field(default=str, repr=False)

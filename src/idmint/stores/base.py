@@ -1,5 +1,5 @@
-"""The contracts stores meet: CasStore (compare-and-set cells), RangeStore (segments) and
-LeaseStore (snowflake worker ids).
+"""The contracts stores meet: CasStore (compare-and-set cells), RangeStore (segments),
+LeaseStore (snowflake worker ids) and QuorumNode (one node of a quorum key).
 
 A strategy never imports a store module: it is handed an object with these methods. Every
 method is thread-safe. Every method either completes atomically and durably or raises; a range
@@ -48,6 +48,35 @@ class CasStore(Protocol):
 
     def identity(self) -> StoreIdentity | None:
         """The store's identity (see StoreIdentity)."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+@runtime_checkable
+class QuorumNode(Protocol):
+    """One of the independent nodes of quorum keys: per key a counter that only moves up, 0
+    until first written (see strategies/quorum.py).
+
+    `claim` is atomic and, when it reports True, durable: the node answers only after its
+    write is on disk (`durability()` says why it might not be).
+    """
+
+    display_url: str
+
+    def read(self, key: str) -> int:
+        """The key's counter (0 if the node never saw the key)."""
+
+    def claim(self, key: str, start: int, end: int) -> tuple[bool, int]:
+        """If the counter is below `start`, set it to `end` (>= start) and answer (True, end);
+        else leave it and answer (False, counter)."""
+
+    def durability(self) -> str | None:
+        """Why an acknowledged claim might not survive a crash of the node (settings that do
+        not fsync before answering), or None when it does. Asks the node."""
+
+    def identity(self) -> StoreIdentity | None:
+        """The node's identity: two URLs with one identity are one node, not two."""
 
     def close(self) -> None:
         """Release connections."""

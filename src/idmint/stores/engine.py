@@ -7,6 +7,7 @@ made on first ask and connect on first use, so opening an engine does no I/O.
     engine = open_engine("etcd://127.0.0.1:2379/ids")
     engine.ranges().allocate("order")     # segment keys, over compare-and-set
     engine.leases()                       # snowflake worker ids
+    engine.quorum()                       # one node of quorum keys
     engine.close()
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from .._errors import InvalidArgument
-from .base import CasStore, LeaseStore, RangeStore
+from .base import CasStore, LeaseStore, QuorumNode, RangeStore
 
 #: The engine names `open_engine` knows, for messages and docs.
 ENGINE_NAMES = (
@@ -37,6 +38,10 @@ CAPABILITIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ranges": ("segment keys", ENGINE_NAMES),
     "leases": ("snowflake worker leases", ENGINE_NAMES),
     "cas": ("compare-and-set cells", ENGINE_NAMES),
+    "quorum": (
+        "quorum nodes",
+        ("sqlite", "postgresql", "mysql", "redis", "etcd", "zookeeper", "memory"),
+    ),
 }
 
 
@@ -93,6 +98,10 @@ class Engine:
     def cas(self) -> CasStore:
         """Compare-and-set cells (CasStore)."""
         return cast(CasStore, self._get("cas"))
+
+    def quorum(self) -> QuorumNode:
+        """This store as one node of quorum keys (QuorumNode)."""
+        return cast(QuorumNode, self._get("quorum"))
 
     def local_cas(self, dc: str) -> CasStore:
         """Compare-and-set cells that only datacenter `dc` needs to reach, on this engine's own

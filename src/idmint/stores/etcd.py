@@ -38,6 +38,7 @@ from ._http import Connections, NoAnswer, NotSent
 from ._sql_leases import holder_name
 from ._urls import scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
+from .cas_quorum import CasQuorumNode
 from .cas_ranges import CasRangeStore
 from .engine import Engine
 
@@ -569,5 +570,6 @@ def open_etcd_engine(url: str, display: str, *, timeout: float) -> Engine:
             "ranges": lambda engine: CasRangeStore(engine.cas()),
             "leases": lambda _: EtcdLeaseStore(etcd),
             "cas": lambda _: EtcdCasStore(etcd),
+            "quorum": lambda engine: CasQuorumNode(engine.cas()),
         },
     )

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import DriverMissing, InvalidArgument
-from ._sql import CELLS_TABLE, TABLE, Dialect
+from ._sql import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
 from ._urls import ENCODE_HINT, misplaced_at, scrub
 
@@ -29,6 +29,22 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     max_batch   BIGINT       NOT NULL DEFAULT 0
 ) ENGINE=InnoDB
 """
+
+# Quorum counters: byte-for-byte names too, so "k" and "K" are two keys as on the other nodes.
+CREATE_QUORUM_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {QUORUM_TABLE} (
+    name    VARBINARY(512) NOT NULL PRIMARY KEY,
+    counter BIGINT         NOT NULL
+) ENGINE=InnoDB
+"""
+
+
+def durability(cur: Any) -> str | None:
+    """InnoDB writes and flushes its redo log at every commit only with
+    innodb_flush_log_at_trx_commit=1 (the default); 0 and 2 can lose the last second."""
+    cur.execute("SELECT @@innodb_flush_log_at_trx_commit")
+    flush = int(cur.fetchone()[0])
+    return None if flush == 1 else f"MySQL runs with innodb_flush_log_at_trx_commit={flush}"
 
 
 # Made before the common schema, whose CREATE TABLE IF NOT EXISTS then leaves it as it is. Cell
@@ -90,7 +106,8 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
 
     dialect = Dialect(
         connect=connect,
-        schema=(CREATE_TABLE, CREATE_WORKERS_TABLE, CREATE_CELLS_TABLE),
+        schema=(CREATE_TABLE, CREATE_WORKERS_TABLE, CREATE_CELLS_TABLE, CREATE_QUORUM_TABLE),
+        durability=durability,
         now_ms="CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
         begin="START TRANSACTION",
         now="UTC_TIMESTAMP(6)",

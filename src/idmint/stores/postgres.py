@@ -106,6 +106,16 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
+def durability(cur: Any) -> str | None:
+    """A commit is on disk when it is acknowledged unless fsync or synchronous_commit is off
+    (the session's setting: a role or database may have turned it off)."""
+    cur.execute("SELECT current_setting('fsync'), current_setting('synchronous_commit')")
+    fsync, commit = cur.fetchone()
+    weak = [f"fsync={fsync}"] if fsync != "on" else []
+    weak += [f"synchronous_commit={commit}"] if commit == "off" else []
+    return f"PostgreSQL runs with {', '.join(weak)}" if weak else None
+
+
 def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     try:
         import psycopg
@@ -170,6 +180,7 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             psycopg.errors.DuplicateObject,
         ),
         returning=True,
+        durability=durability,
         # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
         # statement gets a little more, so that a lock wait is reported as one; a session
         # idle inside a transaction for twice that (its process is paused) is ended, so its row

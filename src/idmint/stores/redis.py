@@ -47,6 +47,7 @@ from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .cas_ranges import CasRangeStore
 from .engine import Engine
+from .redis_quorum import RedisQuorumNode
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -639,5 +640,10 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
     return Engine(
         "redis",
         display,
-        {"ranges": lambda engine: CasRangeStore(engine.cas()), "leases": leases, "cas": cas},
+        {
+            "ranges": lambda engine: CasRangeStore(engine.cas()),
+            "leases": leases,
+            "cas": cas,
+            "quorum": lambda engine: RedisQuorumNode(cast(RedisCasStore, engine.cas())),
+        },
     )

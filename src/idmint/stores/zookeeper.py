@@ -64,6 +64,7 @@ from .base import (
     forgotten,
     pick_worker,
 )
+from .cas_quorum import CasQuorumNode
 from .cas_ranges import CasRangeStore
 from .engine import Engine
 
@@ -792,5 +793,6 @@ def open_zookeeper_engine(url: str, display: str, *, timeout: float) -> Engine:
             "ranges": lambda engine: CasRangeStore(engine.cas()),
             "leases": lambda _: ZooKeeperLeaseStore(kz, hosts, chroot, display, timeout, shared),
             "cas": lambda _: ZooKeeperCasStore(kz, shared, chroot, display),
+            "quorum": lambda engine: CasQuorumNode(engine.cas()),
         },
     )
