@@ -23,15 +23,17 @@ from ._errors import (
     KeyExists,
     KeyNotFound,
     LeaseLost,
+    QuorumUnavailable,
     RunwaySpent,
     StoreUnavailable,
     WorkerInUse,
     WorkersExhausted,
 )
-from ._minter import Minter, connect
+from ._minter import Minter, connect, open_quorum
 from .ids import ID_MAX, UINT31_MAX, Key, Range
 from .stores import DEFAULT_STORE_URL, RangeStore, open_store
 from .strategies.datacenter import DatacenterRanges, DatacenterStatus, ReservationSizing
+from .strategies.quorum import QuorumGenerator, QuorumOptions, QuorumStats
 from .strategies.segment import SegmentGenerator, SegmentOptions, SegmentStats
 
 __version__ = "0.1.0"
@@ -70,6 +72,10 @@ __all__ = [
     "KeyNotFound",
     "LeaseLost",
     "Minter",
+    "QuorumGenerator",
+    "QuorumOptions",
+    "QuorumStats",
+    "QuorumUnavailable",
     "Range",
     "RangeStore",
     "ReservationSizing",
@@ -82,5 +88,6 @@ __all__ = [
     "WorkersExhausted",
     "__version__",
     "connect",
+    "open_quorum",
     "open_store",
 ]

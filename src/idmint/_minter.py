@@ -25,6 +25,7 @@ from .stores.base import LeaseStore, RangeStore, StoreIdentity
 from .stores.engine import Engine
 from .stores.static import StateFileLeases, StaticLeaseStore
 from .strategies.datacenter import DatacenterRanges, ReservationSizing, check_dc_name
+from .strategies.quorum import QuorumCounter, QuorumGenerator, QuorumOptions
 from .strategies.segment import SegmentGenerator, SegmentOptions
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
@@ -92,13 +93,16 @@ class Minter(ForkAware):
         #: Seconds a store call may take, for stores the minter opens itself (a dc_store).
         self.timeout = timeout
         self._snowflakes: list[SnowflakeGenerator] = []
+        self._quorums: dict[tuple[str, tuple[str, ...]], QuorumGenerator] = {}
+        self._quorum_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = False
         self._watch_fork()
 
     def _after_fork(self) -> None:
-        # Generators and stores reset themselves; only the lock may be the parent's.
+        # Generators and stores reset themselves; only the locks may be the parent's.
         self._lock = threading.Lock()
+        self._quorum_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -296,6 +300,33 @@ class Minter(ForkAware):
             name, step=step, first_id=start, last_id=max, description=description, sizing=sizing
         )
 
+    # -- quorum keys (antirez's algorithm: strategies/quorum.py) ------------------------------
+
+    def quorum(
+        self, name: str, nodes: list[str], options: QuorumOptions | None = None
+    ) -> QuorumGenerator:
+        """Quorum key `name` on `nodes` (store URLs of independent servers, an odd number, 3 or
+        more): each id above every id of the key handed out before the call began, by any
+        caller. Needs no key made first, and does not use this minter's store. Checks the
+        nodes that answer now (InvalidArgument for one that does not fsync each write; see
+        QuorumOptions.unsafe). One per key and node list, closed with the minter."""
+        with self._quorum_lock:  # one generator per key and nodes, even when asked at once
+            with self._lock:
+                if self._closed:
+                    raise Closed("the minter is closed")
+                made = self._quorums.get((name, tuple(nodes)))
+                if made is not None and not made.closed:
+                    return made
+            made = open_quorum(name, nodes, options, timeout=self.timeout)
+            with self._lock:
+                self._quorums[(name, tuple(nodes))] = made
+            return made
+
+    def quorums(self) -> list[QuorumGenerator]:
+        """The quorum keys opened so far, for metrics."""
+        with self._lock:
+            return list(self._quorums.values())
+
     def generators(self) -> list[SegmentGenerator]:
         """The generators made so far, for metrics."""
         with self._lock:
@@ -313,6 +344,7 @@ class Minter(ForkAware):
             self._dc_generators = {}
             datacenters, self._datacenters = list(self._datacenters.values()), {}
             flakes, self._snowflakes = self._snowflakes, []
+            quorums, self._quorums = list(self._quorums.values()), {}
         kept: list[tuple[str, Range]] = []
 
         def finish() -> None:
@@ -320,6 +352,8 @@ class Minter(ForkAware):
                 kept.extend((gen.key, r) for r in gen.close())
             for flake in flakes:
                 flake.close()
+            for quorum in quorums:
+                quorum.close()
 
         # On a thread: a hung store (socket open, no answer) must not hang the caller, and a
         # thread stuck in a driver call cannot be interrupted, only left behind.
@@ -378,6 +412,29 @@ def open_datacenter(
         engine.local_cas(dc) if dc_store is None else open_engine(dc_store, timeout=timeout).cas()
     )
     return DatacenterRanges(global_cas, local, dc)
+
+
+def open_quorum(
+    name: str,
+    nodes: list[str],
+    options: QuorumOptions | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> QuorumGenerator:
+    """Quorum key `name` on the store URLs `nodes` (see Minter.quorum), each call to a node
+    bounded by `timeout` seconds. The caller closes it."""
+    check_key_name(name)
+    if isinstance(nodes, str):
+        raise InvalidArgument("nodes is a list of store URLs, not one string")
+    opened = [open_engine(url, timeout=timeout).quorum() for url in nodes]
+    counter = QuorumCounter(name, opened, options)
+    generator = QuorumGenerator(counter)
+    try:
+        counter.check()
+    except BaseException:
+        generator.close()
+        raise
+    return generator
 
 
 def connect(

@@ -1,0 +1,581 @@
+"""Quorum keys: ids strictly increasing in real time across every caller, from a majority of N
+independent nodes (antirez's algorithm), with group commit.
+
+Each node keeps a counter per key that only moves up, changed by one atomic step:
+
+    claim(start, end): if counter < start then counter = end, answer yes; else answer no and
+                       the counter
+
+A round claims [start, end] on every node at once and wins when a majority says yes. Why that
+is enough, for any start:
+
+- Unique. Two winning rounds share a node (two majorities meet). Whichever reached it first
+  left its counter at its end; the second applied there only because the counter was below
+  its start. So the second range lies wholly above the first.
+- Strictly increasing in real time. If round A won before round B began, a majority holds at
+  least A's end; B's majority meets it at a node that let B apply, so B's start is above A's
+  end.
+
+Neither argument uses how `start` was chosen, so no round reads first: `start` is one above the
+highest counter this process has seen, and a refusal carries the node's counter, which the next
+try starts above. A round is one round trip (one fsync on each node), not antirez's two, and a
+stale guess costs one refused round. The proof needs every acknowledged claim to survive a
+crash of its node: a node that comes back with a lower counter can let a later round take ids
+again. Hence the refusal of nodes that do not fsync before answering (`durability()`).
+
+Contention: callers who claim the same start at once may split the nodes so that nobody has
+a majority; every one of them retries above what it saw, after a random wait that doubles
+each time (up to `longest_wait`), until `deadline`, then QuorumUnavailable. Group commit
+(QuorumGenerator) avoids it within a process: callers that arrive while a round runs wait for
+the next one, which claims all their ids at once and hands them out in arrival order. Each of
+them began before that round did, so every id is above each id handed out before its caller
+asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from .._errors import Closed, Exhausted, IdmintError, InvalidArgument, QuorumUnavailable
+from .._fork import ForkAware, private_random
+from ..ids import ID_MAX, Range, check_count, check_key_name
+from ..stores.base import QuorumNode
+
+log = logging.getLogger("idmint.quorum")
+
+_jitter = private_random()
+
+# A node list is URLs joined by commas; a comma inside a URL (etcd://h1:2379,h2:2379/x) is
+# not followed by a scheme, so a list splits only where the next URL begins.
+_NEXT_URL = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
+def split_nodes(text: str) -> list[str]:
+    """The node URLs of "redis://a,redis://b,redis://c" (the form of --quorum and
+    IDMINT_QUORUM)."""
+    nodes = [part.strip() for part in _NEXT_URL.split(text.strip())]
+    if not all(nodes) or "://" not in nodes[0]:
+        raise InvalidArgument(
+            f"bad node list {text!r}: give store URLs joined by commas, "
+            "e.g. redis://a:6379,redis://b:6379,redis://c:6379"
+        )
+    return check_nodes(nodes)
+
+
+def check_nodes(urls: Sequence[str]) -> list[str]:
+    """`urls` as a list if they can be a quorum key's nodes: an odd number, 3 or more, each
+    once."""
+    if len(urls) < 3 or len(urls) % 2 == 0:
+        raise InvalidArgument(
+            f"a quorum key needs an odd number of nodes, 3 or more, not {len(urls)}: with an "
+            "even number, one node more can fail for the same cost"
+        )
+    if len(set(urls)) < len(urls):
+        raise InvalidArgument(f"a node is named twice: {', '.join(urls)}")
+    return list(urls)
+
+
+@dataclass(frozen=True)
+class QuorumOptions:
+    """How a quorum key's rounds run. The defaults suit nodes in one region."""
+
+    #: Seconds a request may take, retries included, before QuorumUnavailable.
+    deadline: float = 5.0
+    #: The random wait after a lost round is drawn from [0, w], w doubling from first_wait
+    #: up to longest_wait (seconds).
+    first_wait: float = 0.001
+    longest_wait: float = 0.1
+    #: Seconds a round waits for a majority of answers. Past it the round counts as lost
+    #: (late answers still raise the nodes' counters) and the next one goes without the nodes
+    #: that have not answered: a node cut off or frozen holds up a round this long, not until
+    #: its connection times out.
+    round_wait: float = 0.25
+    #: The lowest and highest ids the key hands out (start: above legacy ids).
+    start: int = 1
+    max: int = ID_MAX
+    #: Run on nodes that may lose an acknowledged write (no fsync before the answer): ids can
+    #: then repeat after a node's crash. For tests and trials only.
+    unsafe: bool = False
+    #: Ids one group-commit round claims at most; more waiting requests go in the next one.
+    max_batch: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if not 0 < self.deadline <= 3600:
+            raise InvalidArgument(f"deadline must be in (0, 3600] seconds, not {self.deadline}")
+        if not 0 < self.round_wait <= 60:
+            raise InvalidArgument(f"round_wait must be in (0, 60] seconds, not {self.round_wait}")
+        if not 0 < self.first_wait <= self.longest_wait <= 60:
+            raise InvalidArgument("waits must satisfy 0 < first_wait <= longest_wait <= 60")
+        check_count(self.start, what="start")
+        check_count(self.max, what="max")
+        if self.max < self.start:
+            raise InvalidArgument(f"max {self.max} is below start {self.start}")
+        check_count(self.max_batch, what="max_batch")
+
+
+@dataclass
+class NodeHealth:
+    """What the last calls to one node showed (a snapshot in QuorumStats)."""
+
+    url: str
+    up: bool | None = None  # None: not asked yet
+    counter: int = 0  # the highest counter it answered with
+    last_error: str | None = None
+    last_ok_at: float | None = None  # time.time() of its last answer
+    in_flight: bool = False  # a call still runs (a slow or hung node: left out of rounds)
+    refused: str | None = None  # why it is never used (unsafe, or a duplicate of another)
+
+
+@dataclass(frozen=True)
+class QuorumStats:
+    key: str
+    nodes: list[NodeHealth]
+    majority: int
+    ids: int  # handed out
+    rounds: int  # rounds won
+    retries: int  # rounds lost and tried again
+    burnt: int  # ids claimed on some node by a lost round: never handed out
+    requests: int  # callers served (group commit: many per round)
+    largest_batch: int
+    failures: int  # requests that ended in an error
+    last_error: str | None
+    closed: bool
+
+
+class _Slot:
+    """One node, with a thread of its own so that a hung node holds up only its calls."""
+
+    #: Calls one node may have running or queued: more means it hangs, and rounds go on
+    #: without it rather than queue behind it.
+    MAX_PENDING = 2
+
+    def __init__(self, node: QuorumNode) -> None:
+        self.node = node
+        self.health = NodeHealth(node.display_url)
+        self.checked = False  # durability and identity looked at
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    def submit(self, call: Callable[[], tuple[bool, int]]) -> Future[tuple[bool, int]] | None:
+        """Run `call` on the node's thread, or None if the node has too many calls pending."""
+        with self._lock:
+            if self._pending >= self.MAX_PENDING:
+                return None
+            self._pending += 1
+            self.health.in_flight = True
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="idmint-quorum-node")
+            return self._executor.submit(self._counted, call)
+
+    def _counted(self, call: Callable[[], tuple[bool, int]]) -> tuple[bool, int]:
+        try:
+            return call()
+        finally:
+            with self._lock:
+                self._pending -= 1
+                self.health.in_flight = self._pending > 0
+
+    def forget_threads(self) -> None:
+        """After a fork: the parent's thread is not ours, nor its calls in flight."""
+        self._lock = threading.Lock()
+        self._executor = None
+        self._pending = 0
+        self.health.in_flight = False
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class _Outcome:
+    won: bool = False
+    applied: int = 0  # nodes that took the claim
+    refused: int = 0  # nodes that answered no
+    errors: list[str] = field(default_factory=list)
+
+
+class QuorumCounter(ForkAware):
+    """Rounds of one quorum key on its nodes (see the module doc). `take` runs one request at
+    a time: callers in one process share a QuorumGenerator, which batches them."""
+
+    def __init__(
+        self, key: str, nodes: Sequence[QuorumNode], options: QuorumOptions | None = None
+    ) -> None:
+        check_key_name(key)
+        check_nodes([n.display_url for n in nodes])
+        self.key = key
+        self.options = options or QuorumOptions()
+        self.majority = len(nodes) // 2 + 1
+        self._slots = [_Slot(n) for n in nodes]
+        self._identities: dict[str, str] = {}  # node identity -> url, to spot one node twice
+        self._lock = threading.Lock()  # one request at a time
+        self._guess = self.options.start  # the next start worth trying
+        self.rounds = self.retries = self.burnt = 0
+        #: Called between choosing a round's start and sending its claims (tests pause here).
+        self.before_claim: Callable[[int, int], None] | None = None
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        for slot in self._slots:
+            slot.forget_threads()
+
+    @property
+    def nodes(self) -> list[QuorumNode]:
+        return [s.node for s in self._slots]
+
+    # -- node checks -------------------------------------------------------------------------
+
+    def check(self, timeout: float | None = None) -> None:
+        """Look at every node that answers within `timeout` (default: the deadline): raise
+        InvalidArgument for one that may lose an acknowledged claim (unless options.unsafe)
+        or that is another node again under a second URL. Nodes that do not answer are
+        checked before their first claim."""
+        self._check_fork()
+        futures = []
+        for slot in self._slots:
+            if not slot.checked:
+                future = slot.submit(functools.partial(self._checked_call, slot, None))
+                if future is not None:
+                    futures.append(future)
+        done, _ = wait(futures, timeout=timeout or self.options.deadline)
+        for future in done:
+            if isinstance(future.exception(), InvalidArgument):
+                future.result()
+
+    def _check(self, slot: _Slot) -> None:
+        """Refuse `slot`'s node for good if it is unsafe or a duplicate (raises
+        InvalidArgument); a node that cannot be asked raises StoreUnavailable."""
+        node = slot.node
+        why = node.durability()
+        if why is not None and not self.options.unsafe:
+            slot.health.refused = why
+            raise InvalidArgument(
+                f"quorum node {node.display_url} is unsafe: {why}. A node that loses a claim "
+                "it acknowledged lets ids repeat after its crash; make it fsync every write "
+                "(docs/quorum.md), or pass unsafe to run anyway"
+            )
+        if why is not None:
+            log.warning(
+                "quorum node %s may lose claims (%s): running unsafe", node.display_url, why
+            )
+        identity = node.identity()
+        if identity is not None:
+            other = self._identities.setdefault(identity.id, node.display_url)
+            if other != node.display_url:
+                slot.health.refused = f"the same node as {other}"
+                raise InvalidArgument(
+                    f"quorum nodes {other} and {node.display_url} are one node (one store "
+                    "identity): a majority counted on them is not a majority"
+                )
+        slot.checked = True
+
+    def _checked_call(self, slot: _Slot, claim: tuple[int, int] | None) -> tuple[bool, int]:
+        """On the node's thread: check it if not done yet, then claim (or only check)."""
+        try:
+            if not slot.checked:
+                self._check(slot)
+            if claim is None:
+                return False, 0
+            applied, counter = slot.node.claim(self.key, *claim)
+        except Exception as exc:
+            slot.health.up = False
+            slot.health.last_error = " ".join(str(exc).split())[:300]
+            raise
+        health = slot.health
+        health.up, health.last_ok_at = True, time.time()
+        health.counter = max(health.counter, counter)
+        return applied, counter
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def _round(self, start: int, end: int, until: float) -> _Outcome:
+        """Claim [start, end] on every usable node; won once a majority applied it. Waits
+        for answers until the monotonic time `until`."""
+        outcome = _Outcome()
+        futures: dict[Future[tuple[bool, int]], _Slot] = {}
+        for slot in self._slots:
+            url = slot.node.display_url
+            if slot.health.refused is not None:
+                outcome.errors.append(f"{url}: refused ({slot.health.refused})")
+                continue
+            future = slot.submit(functools.partial(self._checked_call, slot, (start, end)))
+            if future is None:
+                outcome.errors.append(f"{url}: earlier calls still unanswered")
+            else:
+                futures[future] = slot
+        pending = set(futures)
+        while outcome.applied < self.majority <= outcome.applied + len(pending):
+            done, pending = wait(
+                pending, timeout=max(0, until - time.monotonic()), return_when=FIRST_COMPLETED
+            )
+            if not done:
+                outcome.errors += [f"{futures[f].node.display_url}: no answer" for f in pending]
+                break
+            for future in done:
+                error = future.exception()
+                if error is not None:
+                    outcome.errors.append(f"{futures[future].node.display_url}: {error}")
+                elif future.result()[0]:
+                    outcome.applied += 1
+                else:
+                    outcome.refused += 1
+        outcome.won = outcome.applied >= self.majority
+        return outcome
+
+    def take(self, count: int = 1) -> Range:
+        """`count` consecutive ids, each above every id of this key handed out (by any caller,
+        through any node set sharing a majority) before this call began."""
+        check_count(count)
+        self._check_fork()
+        options = self.options
+        give_up = time.monotonic() + options.deadline
+        wait_cap = options.first_wait
+        with self._lock:
+            while True:
+                seen = max(s.health.counter for s in self._slots)
+                start = max(self._guess, seen + 1, options.start)
+                end = start + count - 1
+                if end > options.max:
+                    raise Exhausted(self.key, options.max)
+                if self.before_claim is not None:
+                    self.before_claim(start, end)
+                wait_until = min(give_up, time.monotonic() + options.round_wait)
+                outcome = self._round(start, end, max(wait_until, time.monotonic() + 0.001))
+                if outcome.won:
+                    self._guess = end + 1
+                    self.rounds += 1
+                    return Range(start, end + 1)
+                self.retries += 1
+                if outcome.applied:
+                    self.burnt += count
+                    self._guess = end + 1
+                if outcome.refused and not outcome.applied:
+                    # Every node that answered was ahead: a stale guess, corrected by their
+                    # answers. Waiting would only let the others get further ahead (a client
+                    # that always waits after a refusal starves behind busy ones).
+                    if time.monotonic() < give_up:
+                        continue
+                else:
+                    pause = _jitter.uniform(0, wait_cap)
+                    wait_cap = min(wait_cap * 2, options.longest_wait)
+                    time.sleep(max(0, min(give_up - time.monotonic(), pause)))
+                if time.monotonic() >= give_up:
+                    raise QuorumUnavailable(
+                        f"quorum key {self.key!r}: no majority ({self.majority} of "
+                        f"{len(self._slots)} nodes) within {options.deadline:g} s; last round: "
+                        f"{outcome.applied} applied, {outcome.refused} refused"
+                        + (f", {'; '.join(outcome.errors)}" if outcome.errors else "")
+                    )
+
+    def health(self) -> list[NodeHealth]:
+        return [NodeHealth(**vars(s.health)) for s in self._slots]
+
+    def close(self) -> None:
+        for slot in self._slots:
+            slot.shutdown()
+            try:
+                slot.node.close()
+            except Exception as exc:  # closing is best effort
+                log.debug("closing quorum node %s: %s", slot.node.display_url, exc)
+
+
+@dataclass
+class _Request:
+    count: int
+    done: threading.Event = field(default_factory=threading.Event)
+    ids: Range | None = None
+    error: IdmintError | None = None
+    abandoned: bool = False
+    #: Called on the flusher's thread once answered (take_async wakes its event loop).
+    on_done: Callable[[], None] | None = None
+
+    def answer(self, ids: Range | None = None, error: IdmintError | None = None) -> None:
+        self.ids, self.error = ids, error
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
+
+    def result(self) -> Range:
+        if self.error is not None:
+            raise self.error
+        assert self.ids is not None
+        return self.ids
+
+
+class QuorumGenerator(ForkAware):
+    """Ids of one quorum key for every thread of a process, with group commit: while a round
+    runs, new requests queue; the next round claims all of them at once. Thread-safe.
+
+        ticket = minter.quorum("ticket", ["redis://a", "redis://b", "redis://c"])
+        ticket.next_id()        # above every ticket id handed out before this call began
+        ticket.next_ids(100)    # a Range of 100 consecutive ids, likewise
+    """
+
+    def __init__(self, counter: QuorumCounter) -> None:
+        self.counter = counter
+        self.key = counter.key
+        self._cond = threading.Condition()
+        self._queue: deque[_Request] = deque()
+        self._flusher: threading.Thread | None = None
+        self._closed = False
+        self.ids = self.requests = self.failures = self.largest_batch = 0
+        self.last_error: str | None = None
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # The parent's flusher thread and waiting callers are not in this process.
+        self._cond = threading.Condition()
+        self._queue = deque()
+        self._flusher = None
+
+    def next_id(self) -> int:
+        return self.take(1).start
+
+    def next_ids(self, count: int) -> Range:
+        return self.take(count)
+
+    def take(self, count: int = 1) -> Range:
+        """`count` consecutive ids (see the class doc); QuorumUnavailable past the deadline."""
+        request = self._enqueue(count)
+        # The round that serves it may start only when the one running now ends.
+        if not request.done.wait(self._wait_bound):
+            self._abandon(request)
+        return request.result()
+
+    async def take_async(self, count: int = 1) -> Range:
+        """`take` for an event loop: waits without holding a thread."""
+        loop = asyncio.get_running_loop()
+        answered = loop.create_future()
+
+        def settle() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(settle)
+
+        request = self._enqueue(count, wake)
+        try:
+            await asyncio.wait_for(asyncio.shield(answered), self._wait_bound)
+        except TimeoutError:
+            self._abandon(request)
+        return request.result()
+
+    @property
+    def _wait_bound(self) -> float:
+        # a round in flight, then the request's own: each ends by the deadline
+        return 2 * self.counter.options.deadline + 1
+
+    def _enqueue(self, count: int, on_done: Callable[[], None] | None = None) -> _Request:
+        check_count(count, maximum=self.counter.options.max_batch)
+        self._check_fork()
+        request = _Request(count, on_done=on_done)
+        with self._cond:
+            if self._closed:
+                raise Closed(f"quorum key {self.key!r} is closed")
+            self._queue.append(request)
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush, name=f"idmint-quorum-{self.key}", daemon=True
+                )
+                self._flusher.start()
+            self._cond.notify()
+        return request
+
+    def _abandon(self, request: _Request) -> None:
+        """The caller stops waiting: ids a round hands it later are burnt, never reused."""
+        with self._cond:
+            if request.done.is_set():
+                return
+            request.abandoned = True
+            if request in self._queue:
+                self._queue.remove(request)
+        raise QuorumUnavailable(f"quorum key {self.key!r}: no round served this request")
+
+    def _flush(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    for request in self._queue:
+                        request.answer(error=Closed(f"quorum key {self.key!r} is closed"))
+                    self._queue.clear()
+                    return
+                batch = [self._queue.popleft()]
+                total = batch[0].count
+                limit = self.counter.options.max_batch
+                while self._queue and total + self._queue[0].count <= limit:
+                    batch.append(self._queue.popleft())
+                    total += batch[-1].count
+            try:
+                got = self.counter.take(total)
+            except Exception as exc:
+                if not isinstance(exc, IdmintError):  # a bug, or a driver error not mapped
+                    log.exception("quorum key %r: round failed", self.key)
+                    exc = QuorumUnavailable(f"quorum key {self.key!r}: {exc}")
+                self.failures += len(batch)
+                self.last_error = str(exc)
+                for request in batch:
+                    request.answer(error=exc)
+                continue
+            self.largest_batch = max(self.largest_batch, len(batch))
+            next_start = got.start
+            with self._cond:  # against a caller abandoning its request meanwhile
+                for request in batch:  # in arrival order: the earliest gets the lowest ids
+                    ids = Range(next_start, next_start + request.count)
+                    next_start += request.count
+                    if request.abandoned:
+                        self.counter.burnt += request.count
+                        continue
+                    self.ids += request.count
+                    self.requests += 1
+                    request.answer(ids)
+
+    def stats(self) -> QuorumStats:
+        counter = self.counter
+        return QuorumStats(
+            key=self.key,
+            nodes=counter.health(),
+            majority=counter.majority,
+            ids=self.ids,
+            rounds=counter.rounds,
+            retries=counter.retries,
+            burnt=counter.burnt,
+            requests=self.requests,
+            largest_batch=self.largest_batch,
+            failures=self.failures,
+            last_error=self.last_error,
+            closed=self._closed,
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop taking requests, answer the waiting ones with Closed, close the nodes; waits
+        at most `timeout` for a round in flight."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.join(timeout)
+        self.counter.close()
