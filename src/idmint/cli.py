@@ -18,7 +18,7 @@ import click
 
 from . import __version__
 from ._errors import Exhausted, IdmintError, InvalidArgument, KeyExists, KeyNotFound
-from ._minter import Minter, connect
+from ._minter import Minter, connect, open_quorum
 from .ids import (
     BATCH_CAP_MAX,
     DEFAULT_FIRST_ID,
@@ -32,6 +32,7 @@ from .ids import (
 )
 from .stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
 from .strategies.datacenter import ReservationSizing
+from .strategies.quorum import QuorumOptions, split_nodes
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -133,6 +134,25 @@ def dc_options(*, required: bool = False) -> Callable[[Callable[..., Any]], Call
         )(command)
 
     return add
+
+
+_QUORUM_HELP = (
+    "Node URLs of a quorum key, joined by commas (env IDMINT_QUORUM): redis://, sqlite://, "
+    "postgresql://, mysql://, etcd://, zk:// servers that share nothing, an odd number, 3 or more."
+)
+
+
+def quorum_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--quorum URLS and --unsafe-nodes: the nodes of a quorum key."""
+    command = click.option(
+        "--unsafe-nodes",
+        is_flag=True,
+        default=None,
+        help="Use quorum nodes that do not fsync every write (ids may repeat after a crash).",
+    )(command)
+    return click.option("--quorum", envvar="IDMINT_QUORUM", metavar="URLS", help=_QUORUM_HELP)(
+        command
+    )
 
 
 @cli.command()
@@ -332,6 +352,7 @@ def keys_set(ctx: click.Context, name: str, max_batch: int) -> None:
     "with ids left].",
 )
 @dc_options()
+@quorum_options
 @click.pass_context
 def next_(
     ctx: click.Context,
@@ -340,14 +361,22 @@ def next_(
     stripe: int | None,
     dc: str | None,
     dc_store: str | None,
+    quorum: str | None,
+    unsafe_nodes: bool | None,
 ) -> None:
     """Print COUNT new ids of key NAME, one per line.
 
     Takes exactly COUNT ids from the store in one allocation, so nothing is wasted (a striped
     key's ids are its stripes apart; at a stripe's end the rest come from another stripe).
-    With --dc, of a datacenter key, from that datacenter's reservation.
+    With --dc, of a datacenter key, from that datacenter's reservation. With --quorum, of a
+    quorum key on those nodes: above every id of the key handed out before (no --store).
     """
     check_count(count, maximum=MAX_COUNT)  # before the store: nothing taken on a typo
+    if quorum is not None:
+        if dc or dc_store or stripe is not None:
+            raise click.UsageError("--quorum takes no --dc, --dc-store or --stripe")
+        _print_ids(_quorum_ids(ctx, name, quorum, bool(unsafe_nodes), count))
+        return
     with _minter(ctx, dc, dc_store) as minter:
         left = count
         while left:
@@ -363,6 +392,15 @@ def next_(
                 raise Exhausted(name, stripe=stripe, stripes=taken.stride)
             # A striped key's stripe ran out: the next take is from another (or says the
             # whole key is exhausted).
+
+
+def _quorum_ids(ctx: click.Context, name: str, nodes: str, unsafe: bool, count: int) -> Range:
+    options = QuorumOptions(unsafe=unsafe, deadline=max(ctx.obj["timeout"], 5.0))
+    generator = open_quorum(name, split_nodes(nodes), options, timeout=ctx.obj["timeout"])
+    try:
+        return generator.take(count)
+    finally:
+        generator.close()
 
 
 def _print_ids(taken: Range) -> None:
@@ -445,6 +483,7 @@ def _print_ids(taken: Range) -> None:
     help="HTTP/1.1 keep-alive [default: on].",
 )
 @dc_options()
+@quorum_options
 @click.option(
     "--config",
     "config_file",
@@ -470,6 +509,8 @@ def serve(
     keep_alive: bool | None,
     dc: str | None,
     dc_store: str | None,
+    quorum: str | None,
+    unsafe_nodes: bool | None,
     config_file: Path | None,
 ) -> None:
     """Serve ids over HTTP (Leaf-compatible routes, dashboard at /, metrics at /metrics)."""
@@ -496,6 +537,8 @@ def serve(
         "keep_alive": keep_alive,
         "dc": dc,
         "dc_store": dc_store,
+        "quorum": quorum,
+        "unsafe_nodes": unsafe_nodes,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     run_server(ServerConfig.from_mapping(values))

@@ -51,6 +51,7 @@ from ..ids import (
 )
 from ..layout import layout_named
 from ..stores.base import STORE_HEADER, StoreIdentity
+from ..strategies.quorum import QuorumGenerator, QuorumOptions, split_nodes
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
@@ -61,6 +62,7 @@ from .metrics import (
     RateMeter,
     cas_counts,
     datacenter_stats,
+    quorum_stats,
     render_prometheus,
 )
 from .openapi import openapi_document
@@ -70,6 +72,7 @@ log = logging.getLogger("idmint.server")
 
 MAX_IDS = 100_000
 MAX_RANGE = BATCH_CAP_MAX
+MAX_QUORUM = 1_000_000  # ids per quorum request: a range, however many
 MAX_BODY = 64 * 1024
 NEGATIVE_CACHE_SECONDS = 1.0
 MAX_WARM_KEYS = 1000  # each generator has a refiller thread
@@ -92,6 +95,7 @@ IDS_ROUTE = "/v1/keys/{key}/ids"
 RANGES_ROUTE = "/v1/keys/{key}/ranges"
 SNOWFLAKE_ROUTE = "/api/snowflake/get/{key}"
 SNOWFLAKE_IDS_ROUTE = "/v1/snowflake/ids"
+QUORUM_ROUTE = "/v1/quorum/{key}/ids"
 # Who may call a route: anyone, holders of the client token (when one is set), the admin.
 OPEN, IDS, ADMIN = "open", "ids", "admin"
 BATCH_CAP_HEADER = "idmint-batch-cap"
@@ -283,10 +287,18 @@ class App:
         self.counters = Counters()
         # Every id route from the start, so a request adds to an entry that is there; the hot
         # path counts its ids apart (hot_handed), added to Leaf's route when metrics are read.
-        for route in (LEAF_ROUTE, IDS_ROUTE, RANGES_ROUTE, SNOWFLAKE_ROUTE, SNOWFLAKE_IDS_ROUTE):
+        for route in (
+            LEAF_ROUTE,
+            IDS_ROUTE,
+            RANGES_ROUTE,
+            SNOWFLAKE_ROUTE,
+            SNOWFLAKE_IDS_ROUTE,
+            QUORUM_ROUTE,
+        ):
             self.counters.handed[route] = 0
         self.hot_handed = 0
         self._gens: dict[str, SegmentGenerator] = {}
+        self._quorums: dict[str, QuorumGenerator] = {}
         self._missing: dict[str, float] = {}
         self._rates: dict[str, RateMeter] = {}
         self._stopped = threading.Event()
@@ -328,6 +340,7 @@ class App:
             "/v1/keys/{key}/raise": {"POST": (self.raise_key, ADMIN)},
             SNOWFLAKE_ROUTE: {"GET": (self.snowflake_get, IDS)},
             SNOWFLAKE_IDS_ROUTE: {"GET": (self.snowflake_ids, IDS)},
+            QUORUM_ROUTE: {"GET": (self.quorum_ids, IDS)},
             "/decodeSnowflakeId": {"GET": (self.leaf_decode, OPEN)},
             "/v1/snowflake/decode/{key}": {"GET": (self.snowflake_decode, OPEN)},
         }
@@ -495,6 +508,8 @@ class App:
         """The route pattern and the key in it; ("", None) when nothing matches."""
         if path in self._routes and "{" not in path:
             return path, None
+        if path.startswith("/v1/quorum/") and path.endswith("/ids"):
+            return QUORUM_ROUTE, path[len("/v1/quorum/") : -len("/ids")]
         for prefix in ("/api/segment/get/", "/api/snowflake/get/", "/v1/snowflake/decode/"):
             if path.startswith(prefix):
                 return prefix + "{key}", path[len(prefix) :]
@@ -761,6 +776,26 @@ class App:
         self.counters.handed[SNOWFLAKE_IDS_ROUTE] += len(ids)
         return _json({"ids": ids})
 
+    # -- quorum keys -------------------------------------------------------------------------
+
+    async def quorum_ids(self, request: Request, key: str | None) -> Response:
+        """`count` consecutive ids of quorum key `key`, above every id of the key handed out
+        before the request came (group commit: concurrent requests share one round)."""
+        assert key is not None
+        if not self.config.quorum:
+            raise HttpError(404, "this server has no quorum nodes (start it with --quorum URLS)")
+        count = request.param("count", 1, MAX_QUORUM)
+        gen = self._quorums.get(key)
+        if gen is None:  # the first request checks the nodes: on a thread
+            options = QuorumOptions(unsafe=self.config.unsafe_nodes, max_batch=MAX_QUORUM)
+            make = functools.partial(
+                self.minter.quorum, key, split_nodes(self.config.quorum), options
+            )
+            gen = self._quorums[key] = await self.pools["id"].run(self._id_deadline, make)
+        ids = await gen.take_async(count)
+        self.counters.handed[QUORUM_ROUTE] += len(ids)
+        return _json({"key": key, "start": ids.start, "stop": ids.stop, "count": len(ids)})
+
     def _decode(self, text: str) -> dict[str, Any]:
         if not _NUMBER.fullmatch(text):
             raise HttpError(400, f"{text!r} is not an id: ids are non-negative integers")
@@ -915,6 +950,7 @@ class App:
                 self._flake.stats() if self._flake is not None else None,
                 cas_counts(self.minter.store),
                 datacenter_stats(self.minter.store),
+                quorum_stats(self.minter.quorums()),
             ),
             PROMETHEUS,
         )
@@ -945,6 +981,7 @@ class App:
                 "snowflake": flake,
                 "cas": cas_counts(self.minter.store),
                 "datacenter": datacenter_stats(self.minter.store),
+                "quorum": quorum_stats(self.minter.quorums()),
             }
         )
 

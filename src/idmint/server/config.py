@@ -18,6 +18,7 @@ from ..ids import check_key_name
 from ..layout import layout_named
 from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
 from ..strategies.datacenter import check_dc_name
+from ..strategies.quorum import split_nodes
 
 ENV_PREFIX = "IDMINT_"
 
@@ -66,6 +67,11 @@ class ServerConfig:
     #: (empty: on Cassandra, the same cluster at LOCAL_SERIAL).
     dc: str = ""
     dc_store: str = ""
+    #: The nodes of the quorum keys this server serves (/v1/quorum/{key}/ids): store URLs
+    #: joined by commas; empty: no quorum route. unsafe_nodes: accept nodes that do not fsync
+    #: every write.
+    quorum: str = ""
+    unsafe_nodes: bool = False
 
     def __post_init__(self) -> None:
         for name in ("token", "client_token"):
@@ -76,6 +82,8 @@ class ServerConfig:
             check_dc_name(self.dc)
         elif self.dc_store:
             raise InvalidArgument("dc_store is a datacenter's store: give the datacenter (dc)")
+        if self.quorum:
+            split_nodes(self.quorum)
         if self.http not in ("auto", "1", "2"):
             raise InvalidArgument(f"http must be auto, 1 or 2, not {self.http!r}")
         if not 0 < self.port < 65536:

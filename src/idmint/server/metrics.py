@@ -12,6 +12,7 @@ from typing import Any
 from ..ids import Key, Range
 from ..stores.cas_ranges import CasCounts
 from ..strategies.datacenter import DatacenterRanges
+from ..strategies.quorum import QuorumGenerator
 from ..strategies.segment import SegmentStats
 
 RATE_WINDOW = 1.0  # seconds between two samples of every key's issued count
@@ -113,6 +114,14 @@ def datacenter_stats(store: object) -> dict[str, Any] | None:
     }
 
 
+def quorum_stats(quorums: list[QuorumGenerator]) -> list[dict[str, Any]] | None:
+    """Each quorum key this process served: ids, rounds, retries, burnt ids, and its nodes'
+    health as the last calls showed it (no node call here); None for a server without."""
+    if not quorums:
+        return None
+    return [asdict(q.stats()) for q in quorums]
+
+
 @dataclass
 class Counters:
     """Request outcomes: errors by status, ranges handed per key, ids handed per route."""
@@ -138,6 +147,7 @@ def render_prometheus(
     snowflake: dict[str, Any] | None = None,
     cas: dict[str, int] | None = None,
     datacenter: dict[str, Any] | None = None,
+    quorum: list[dict[str, Any]] | None = None,
 ) -> str:
     """The Prometheus text exposition format, version 0.0.4."""
     lines: list[str] = []
@@ -334,6 +344,8 @@ def render_prometheus(
             if field.endswith("_ms"):
                 value = float(value) / 1000
             metric(name, kind, help_, [(layout, float(value))])
+    if quorum is not None:
+        _quorum_metrics(metric, quorum)
     metric(
         "idmint_uptime_seconds",
         "gauge",
@@ -344,6 +356,32 @@ def render_prometheus(
 
 
 Emit = Callable[[str, str, str, list[tuple[dict[str, str], float]]], None]
+
+
+def _quorum_metrics(metric: Emit, quorum: list[dict[str, Any]]) -> None:
+    for field_, help_ in (
+        ("ids", "Ids of the quorum key this process handed out."),
+        ("rounds", "Rounds a majority of the nodes accepted."),
+        ("retries", "Rounds lost (no majority: contention, nodes down) and tried again."),
+        ("burnt", "Ids a lost round claimed on some nodes: skipped, never handed out."),
+        ("requests", "Requests served (group commit: many per round)."),
+        ("failures", "Requests that ended in an error (QuorumUnavailable past the deadline)."),
+    ):
+        rows = [({"key": q["key"]}, float(q[field_])) for q in quorum]
+        metric(f"idmint_quorum_{field_}_total", "counter", help_, rows)
+    nodes = [(q["key"], n) for q in quorum for n in q["nodes"]]
+    metric(
+        "idmint_quorum_node_up",
+        "gauge",
+        "1 if the node's last call answered, 0 if it failed (no series before the first call).",
+        [({"key": k, "node": n["url"]}, float(n["up"])) for k, n in nodes if n["up"] is not None],
+    )
+    metric(
+        "idmint_quorum_node_counter",
+        "gauge",
+        "The highest counter of the key the node answered with.",
+        [({"key": k, "node": n["url"]}, float(n["counter"])) for k, n in nodes],
+    )
 
 
 def _datacenter_metrics(metric: Emit, datacenter: dict[str, Any]) -> None:
