@@ -56,6 +56,18 @@ class Log:
         sys.stdout.flush()
 
 
+def record(log: Log, call: Callable[[], int]) -> bool:
+    """One call, logged as an O line (its id) or an E line (its error); False if it raised."""
+    t0 = time.monotonic()
+    try:
+        value = call()
+    except IdmintError as exc:
+        log.add(f"E {t0:.6f} {time.monotonic():.6f} {type(exc).__name__}")
+        return False
+    log.add(f"O {t0:.6f} {time.monotonic():.6f} {value}")
+    return True
+
+
 class Recorded:
     """The datacenter level with every range it hands this process logged."""
 
@@ -119,14 +131,8 @@ def main() -> None:
     pace = 1.0 / args.rate if args.rate else 0.0
     due = flushed = time.monotonic()
     while not stopping.is_set():
-        t0 = time.monotonic()
-        try:
-            value = gen.next_id()
-        except IdmintError as exc:
-            log.add(f"E {t0:.6f} {time.monotonic():.6f} {type(exc).__name__}")
+        if not record(log, gen.next_id):
             stopping.wait(0.05)
-        else:
-            log.add(f"O {t0:.6f} {time.monotonic():.6f} {value}")
         now = time.monotonic()
         if now - flushed >= 0.02:
             log.flush()

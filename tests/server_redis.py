@@ -25,7 +25,19 @@ REDIS_SERVER = "/usr/bin/redis-server"
 class RedisServer(Pausable):
     """`start`, `stop`, `restart` (same port and data), `kill` (SIGKILL), `close`."""
 
-    def __init__(self, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        startup_timeout: float = 20.0,
+        *,
+        host: str = LOOPBACK,
+        also: tuple[str, ...] = (),
+        appendfsync: str | None = "always",
+    ) -> None:
+        """`also`: more addresses to listen on (clients cut off apart: harness.Partition).
+        `appendfsync`: the append-only file's fsync policy; None: no append-only file (a
+        restart then comes back empty)."""
+        self.host, self.also = host, also
+        self.appendfsync = appendfsync
         self.port = free_port()
         self.startup_timeout = startup_timeout
         self.base_dir = Path(tempfile.mkdtemp(prefix="idmint-redis-"))
@@ -42,8 +54,17 @@ class RedisServer(Pausable):
             raise ServerStartError(f"{REDIS_SERVER} --version failed: {exc}") from exc
         argv = [
             REDIS_SERVER,
-            *("--port", str(self.port), "--bind", LOOPBACK, "--dir", str(self.base_dir)),
-            *("--save", "", "--appendonly", "yes", "--appendfsync", "always"),
+            *(
+                "--port",
+                str(self.port),
+                "--bind",
+                self.host,
+                *self.also,
+                "--dir",
+                str(self.base_dir),
+            ),
+            *("--save", "", "--appendonly", "no" if self.appendfsync is None else "yes"),
+            *("--appendfsync", self.appendfsync or "always"),
             *("--daemonize", "no", "--protected-mode", "no"),
         ]
         with open(self.log_path, "ab") as log:
@@ -59,7 +80,7 @@ class RedisServer(Pausable):
     def _ready(self) -> bool:
         if self._proc is not None and self._proc.poll() is not None:
             raise ServerStartError(f"redis-server exited with code {self._proc.returncode}")
-        client = redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=2)
+        client = redis.Redis(host=self.host, port=self.port, socket_timeout=2)
         try:
             return bool(client.ping())
         except redis.exceptions.RedisError:  # refused, or still loading the append-only file
@@ -107,4 +128,4 @@ class RedisServer(Pausable):
 
     def store_url(self, name: str) -> str:
         """A URL to a fresh, private key prefix on this server."""
-        return f"redis://{LOOPBACK}:{self.port}/0?prefix={name}"
+        return f"redis://{self.host}:{self.port}/0?prefix={name}"

@@ -12,7 +12,6 @@ from typing import Any, cast
 import pytest
 import redis
 from kazoo.client import KazooClient
-from server_redis import RedisServer
 from server_zookeeper import ZooKeeperServer
 
 from idmint import InvalidArgument, StoreUnavailable
@@ -22,6 +21,7 @@ from idmint.stores.redis import weak_persistence
 from idmint.stores.zookeeper import ZooKeeperCasStore, _cell_key, _node_name
 
 from checks import works
+from server_redis import RedisServer
 from servers import wait_until
 
 SECRET = "Zq7-s3cr3t-Pw9"

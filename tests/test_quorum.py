@@ -1,0 +1,339 @@
+"""Quorum keys (strategies/quorum.py) on five real Redis nodes: strictly increasing ids across
+threads, generators and processes, group commit, nodes down and hung, the refusals, the CLI
+and the server's route."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import idmint
+from idmint import (
+    Closed,
+    Exhausted,
+    InvalidArgument,
+    QuorumGenerator,
+    QuorumOptions,
+    QuorumUnavailable,
+    open_quorum,
+)
+from idmint.cli import main as cli_main
+from idmint.server import App, ServerConfig
+from idmint.strategies.quorum import split_nodes
+
+from checks import run_threads
+from harness import Op, duplicates, real_time_violations
+from quorum_nodes import QuorumNodes, running
+from server_redis import RedisServer
+from test_app import call
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[QuorumNodes]:
+    with running() as made:
+        yield made
+
+
+@pytest.fixture
+def urls(nodes: QuorumNodes) -> Iterator[list[str]]:
+    """The nodes under a fresh key prefix; every node running again afterwards."""
+    yield nodes.urls(f"q{os.getpid()}x{next(_prefixes)}")
+    nodes.heal()
+
+
+def _recorded(gen: QuorumGenerator, calls: int, out: list[Op], name: str) -> None:
+    for _ in range(calls):
+        t0 = time.monotonic()
+        got = gen.next_id()
+        out.append(Op(name, t0, time.monotonic(), value=got))
+
+
+def _assert_linearizable(ops: list[Op]) -> None:
+    values = [op.value for op in ops if op.value is not None]
+    assert not duplicates(values), duplicates(values)[:10]
+    assert not real_time_violations(ops), real_time_violations(ops)[:3]
+
+
+def test_threads_share_rounds_and_ids_rise_in_real_time(urls: list[str]) -> None:
+    gen = open_quorum("ticket", urls)
+    ops: list[Op] = []
+    names = itertools.count()
+    run_threads(lambda: _recorded(gen, 100, ops, f"t{next(names)}"), 8)
+    stats = gen.stats()
+    gen.close()
+    _assert_linearizable(ops)
+    assert len(ops) == stats.ids == stats.requests == 800
+    assert stats.rounds < 800 and stats.largest_batch > 1  # group commit: shared rounds
+    assert stats.burnt == 0 and stats.failures == 0
+
+
+def test_callers_on_separate_generators_contend_and_stay_linearizable(urls: list[str]) -> None:
+    # Separate generators are separate clients: their rounds race on the nodes.
+    gens = [open_quorum("ticket", urls) for _ in range(4)]
+    ops: list[Op] = []
+
+    def client(i: int) -> None:
+        _recorded(gens[i], 60, ops, f"g{i}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    retries = sum(g.stats().retries for g in gens)
+    for g in gens:
+        g.close()
+    assert len(ops) == 240
+    _assert_linearizable(ops)
+    assert retries > 0, "no round ever lost: the clients did not contend"
+
+
+def test_ranges_are_consecutive_and_above_everything_before(urls: list[str]) -> None:
+    gen = open_quorum("batch", urls)
+    first = gen.next_ids(1000)
+    assert (first.start, len(first)) == (1, 1000)
+    second = gen.take(5)
+    assert second.start == first.stop
+    gen.close()
+
+
+def test_a_fresh_client_starts_above_what_others_took_without_burning(urls: list[str]) -> None:
+    ahead = open_quorum("ticket", urls)
+    ahead.next_ids(5000)
+    late = open_quorum("ticket", urls)  # guesses 1: every node refuses, with its counter
+    assert late.next_id() == 5001
+    stats = late.stats()
+    assert (stats.retries, stats.burnt) == (1, 0)
+    ahead.close()
+    late.close()
+
+
+def test_start_and_max_bound_the_ids(urls: list[str]) -> None:
+    gen = open_quorum("small", urls, QuorumOptions(start=1000, max=1004))
+    assert list(gen.next_ids(3)) == [1000, 1001, 1002]
+    with pytest.raises(Exhausted, match="1004"):
+        gen.next_ids(3)
+    assert list(gen.next_ids(2)) == [1003, 1004]
+    gen.close()
+
+
+def test_a_minority_down_goes_unnoticed_a_majority_down_fails_typed(
+    nodes: QuorumNodes, urls: list[str]
+) -> None:
+    gen = open_quorum("ticket", urls, QuorumOptions(deadline=1.0))
+    before = gen.next_id()
+    nodes.servers[0].kill()
+    nodes.servers[1].kill()
+    during = gen.next_ids(10)
+    assert during.start > before
+    nodes.servers[2].kill()
+    began = time.monotonic()
+    with pytest.raises(QuorumUnavailable, match=r"no majority \(3 of 5 nodes\)") as caught:
+        gen.next_id()
+    assert time.monotonic() - began < 4  # the deadline, plus a round in flight
+    assert "refused" in str(caught.value) or "Connection refused" in str(caught.value)
+    health = {n.url: n for n in gen.stats().nodes}
+    assert [health[u].up for u in urls] == [False, False, False, True, True]
+    for server in nodes.servers[:3]:
+        server.start()
+    after = gen.next_id()
+    assert after > during.stop  # a restarted node kept its counter (appendfsync always)
+    gen.close()
+
+
+def test_a_hung_node_is_left_behind_not_waited_for(nodes: QuorumNodes, urls: list[str]) -> None:
+    gen = open_quorum("ticket", urls, QuorumOptions(deadline=2.0))
+    gen.next_id()
+    nodes.servers[4].pause()  # SIGSTOP: its socket stays open, no answer comes
+    began = time.monotonic()
+    got = [gen.next_id() for _ in range(50)]
+    assert got == sorted(got) and len(set(got)) == 50
+    assert time.monotonic() - began < 5  # not a node timeout per call
+    assert gen.stats().nodes[4].in_flight
+    nodes.servers[4].resume()
+    gen.close()
+
+
+def test_nodes_that_may_lose_claims_are_refused_unless_unsafe(
+    urls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    weak = RedisServer(appendfsync="everysec")
+    weak.start()
+    try:
+        mixed = [*urls[:2], weak.store_url("w")]
+        with pytest.raises(InvalidArgument, match=r"appendfsync everysec.*pass unsafe"):
+            open_quorum("ticket", mixed)
+        with caplog.at_level(logging.WARNING, "idmint.quorum"):
+            gen = open_quorum("ticket", mixed, QuorumOptions(unsafe=True))
+            assert gen.next_id() == 1
+            gen.close()
+        assert "may lose claims" in caplog.text
+    finally:
+        weak.close()
+
+
+def test_the_node_list_is_checked(urls: list[str]) -> None:
+    with pytest.raises(InvalidArgument, match="odd number of nodes, 3 or more, not 4"):
+        open_quorum("ticket", urls[:4])
+    with pytest.raises(InvalidArgument, match="odd number of nodes, 3 or more, not 1"):
+        open_quorum("ticket", urls[:1])
+    with pytest.raises(InvalidArgument, match="named twice"):
+        open_quorum("ticket", [urls[0], urls[1], urls[0]])
+    alias = urls[0].replace("/0?", "?")  # the same server and prefix, written differently
+    with pytest.raises(InvalidArgument, match="are one node"):
+        open_quorum("ticket", [urls[0], urls[1], alias])
+    with pytest.raises(InvalidArgument, match="not one string"):
+        open_quorum("ticket", ",".join(urls))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="bad key name"):
+        open_quorum("no spaces", urls)
+
+
+def test_node_lists_split_where_a_url_begins() -> None:
+    assert split_nodes("redis://a,redis://b , redis://c") == ["redis://a", "redis://b", "redis://c"]
+    etcd = "etcd://h1:2379,h2:2379/x"
+    assert split_nodes(f"{etcd},redis://b,zk://z1,z2/c") == [etcd, "redis://b", "zk://z1,z2/c"]
+    for bad in ("", "a,b,c", "redis://a,,redis://b"):
+        with pytest.raises(InvalidArgument):
+            split_nodes(bad)
+
+
+def test_a_closed_generator_refuses_and_close_does_not_wait_for_a_hung_node(
+    nodes: QuorumNodes, urls: list[str]
+) -> None:
+    gen = open_quorum("ticket", urls)
+    gen.next_id()
+    for server in nodes.servers:
+        server.pause()
+    answers: list[object] = []
+
+    def wait_for_an_id() -> None:
+        try:
+            answers.append(gen.next_id())
+        except idmint.IdmintError as exc:
+            answers.append(exc)
+
+    waiting = threading.Thread(target=wait_for_an_id)
+    waiting.start()
+    time.sleep(0.2)
+    began = time.monotonic()
+    gen.close()
+    assert time.monotonic() - began < 2
+    with pytest.raises(Closed):
+        gen.next_id()
+    for server in nodes.servers:
+        server.resume()
+    waiting.join(15)
+    assert not waiting.is_alive() and isinstance(answers[0], idmint.IdmintError), answers
+
+
+def _child_ids(
+    urls: list[str], queue: multiprocessing.Queue[tuple[float, float, int, int]]
+) -> None:
+    gen = open_quorum("ticket", urls)
+    t0 = time.monotonic()
+    got = gen.next_ids(100)
+    queue.put((t0, time.monotonic(), got.start, got.stop))
+    gen.close()
+
+
+def test_forked_children_and_the_parent_never_share_an_id(urls: list[str]) -> None:
+    minter = idmint.connect("memory://")
+    gen = minter.quorum("ticket", urls)
+    before = gen.next_ids(100)
+    context = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue[tuple[float, float, int, int]] = context.Queue()
+
+    def inherited(q: multiprocessing.Queue[tuple[float, float, int, int]]) -> None:
+        # The child uses the generator it inherited: its own threads and connections.
+        t0 = time.monotonic()
+        got = gen.next_ids(100)
+        q.put((t0, time.monotonic(), got.start, got.stop))
+
+    children = [context.Process(target=inherited, args=(queue,)) for _ in range(3)]
+    children += [context.Process(target=_child_ids, args=(urls, queue)) for _ in range(2)]
+    for child in children:
+        child.start()
+    mine = [gen.next_ids(100) for _ in range(5)]
+    results = [queue.get(timeout=30) for _ in children]
+    for child in children:
+        child.join(10)
+        assert child.exitcode == 0
+    minter.close()
+    theirs = [(t0, start, stop) for t0, _, start, stop in results]
+    spans = sorted([(r.start, r.stop) for r in (before, *mine)] + [(s, e) for _, s, e in theirs])
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
+    assert all(start >= before.stop for _, start, _ in theirs)
+
+
+def test_cli_next_quorum_prints_ids_and_refuses_bad_lists_in_one_line(
+    nodes: QuorumNodes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    joined = nodes.joined(f"cli{next(_prefixes)}")
+    assert cli_main(["next", "ticket", "--quorum", joined, "-n", "3"]) == 0
+    assert capsys.readouterr().out.split() == ["1", "2", "3"]
+    assert cli_main(["next", "ticket", "--quorum", joined]) == 0
+    assert capsys.readouterr().out.split() == ["4"]
+    for argv, reason in (
+        (["next", "t", "--quorum", ",".join(joined.split(",")[:2])], "odd number of nodes"),
+        (["next", "t", "--quorum", "a,b,c"], "bad node list"),
+        (["next", "t", "--quorum", joined, "--dc", "eu"], "takes no --dc"),
+    ):
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err
+        assert reason in err and err.count("\n") == 1, err
+
+
+def test_cli_refuses_an_unsafe_node_unless_told(capsys: pytest.CaptureFixture[str]) -> None:
+    weak = RedisServer(appendfsync=None)
+    weak.start()
+    try:
+        others = [RedisServer(appendfsync=None) for _ in range(2)]
+        for server in others:
+            server.start()
+        joined = ",".join(s.store_url("c") for s in (weak, *others))
+        assert cli_main(["next", "t", "--quorum", joined]) == 2
+        err = capsys.readouterr().err
+        assert "appendonly no" in err and err.count("\n") == 1
+        assert cli_main(["next", "t", "--quorum", joined, "--unsafe-nodes"]) == 0
+        assert capsys.readouterr().out.split() == ["1"]
+    finally:
+        weak.close()
+        for server in others:
+            server.close()
+
+
+def test_the_server_hands_out_ranges_with_group_commit_and_reports_them(
+    tmp_path: Path, nodes: QuorumNodes
+) -> None:
+    joined = nodes.joined(f"srv{next(_prefixes)}")
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'a.db'}", quorum=joined))
+    got = call(app, "GET", "/v1/quorum/ticket/ids?count=5")
+    assert got.status_code == 200, got.text
+    assert got.json() == {"key": "ticket", "start": 1, "stop": 6, "count": 5}
+    assert call(app, "GET", "/v1/quorum/ticket/ids").json()["start"] == 6
+    assert call(app, "GET", "/v1/quorum/ticket/ids?count=0").status_code == 400
+    assert call(app, "GET", "/v1/quorum/bad%20key/ids").status_code == 400
+    metrics = call(app, "GET", "/metrics").text
+    assert 'idmint_quorum_ids_total{key="ticket"} 6' in metrics
+    assert re.search(
+        r'idmint_quorum_node_up\{key="ticket",node="redis://127\.0\.0\.21:\d+/0', metrics
+    )
+    stats = call(app, "GET", "/v1/stats").json()["quorum"]
+    assert stats[0]["key"] == "ticket" and stats[0]["rounds"] == 2
+    app.shutdown()
+    plain = App(ServerConfig(store=f"sqlite:///{tmp_path / 'b.db'}"))
+    missing = call(plain, "GET", "/v1/quorum/ticket/ids")
+    assert missing.status_code == 404 and "--quorum" in missing.text
+    with pytest.raises(InvalidArgument, match="bad node list"):
+        ServerConfig(quorum="not urls")

@@ -1,0 +1,105 @@
+"""The QuorumNode contract (set-if-less-than counters), on every engine that has it, on real
+servers: what `open_engine(url).quorum()` promises."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from idmint import InvalidArgument
+from idmint.stores import open_engine
+from idmint.stores.base import QuorumNode
+
+from checks import run_threads
+from conftest import fresh_store_url
+
+QUORUM_STORES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper")
+
+
+@pytest.fixture(params=QUORUM_STORES)
+def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[QuorumNode]:
+    engine = open_engine(fresh_store_url(request.param, request, tmp_path))
+    yield engine.quorum()
+    engine.close()
+
+
+def test_a_counter_starts_at_zero_and_moves_only_up(node: QuorumNode) -> None:
+    assert isinstance(node, QuorumNode)
+    assert node.read("k") == 0
+    assert node.claim("k", 1, 10) == (True, 10)
+    assert node.read("k") == 10
+    assert node.claim("k", 10, 20) == (False, 10)  # start not above the counter
+    assert node.claim("k", 5, 50) == (False, 10)
+    assert node.read("k") == 10
+    assert node.claim("k", 11, 11) == (True, 11)
+    assert node.read("other") == 0  # keys are apart
+    assert node.claim("K", 1, 1) == (True, 1)  # and case tells them apart (MySQL too)
+    assert node.read("k") == 11
+
+
+def test_counters_past_2_to_the_53_compare_exactly(node: QuorumNode) -> None:
+    big = 2**60
+    assert node.claim("big", big, big + 5) == (True, big + 5)
+    assert node.claim("big", big + 5, big + 6) == (False, big + 5)  # a double would round
+    assert node.claim("big", big + 6, 2**63 - 2) == (True, 2**63 - 2)
+    assert node.claim("big", 10**18, 10**18) == (False, 2**63 - 2)  # fewer digits
+    assert node.read("big") == 2**63 - 2
+
+
+def test_one_claim_per_start_wins_among_racing_threads(node: QuorumNode) -> None:
+    wins: list[int] = []
+    lock = threading.Lock()
+
+    def race() -> None:
+        for start in range(1, 41):
+            applied, _ = node.claim("race", start, start)
+            if applied:
+                with lock:
+                    wins.append(start)
+
+    run_threads(race, 6)
+    assert sorted(wins) == list(range(1, 41))  # each start taken once, none twice
+
+
+def test_durability_and_identity_are_reported(
+    node: QuorumNode, request: pytest.FixtureRequest
+) -> None:
+    engine = request.node.callspec.params["node"]
+    why = node.durability()
+    if engine == "memory":
+        assert why is not None and "while this process runs" in why
+    elif engine == "postgres":  # the test server runs with fsync=off, for speed
+        assert why == "PostgreSQL runs with fsync=off"
+    else:  # Redis here runs appendfsync always; the others fsync by default
+        assert why is None, why
+    assert node.identity() is not None
+
+
+def test_a_redis_node_names_weak_persistence() -> None:
+    from server_redis import RedisServer
+
+    weak = RedisServer(host="127.0.0.1", appendfsync="everysec")
+    weak.start()
+    try:
+        engine = open_engine(weak.store_url("w"))
+        assert engine.quorum().durability() == "Redis runs with appendfsync everysec"
+        engine.close()
+    finally:
+        weak.close()
+    volatile = RedisServer(appendfsync=None)
+    volatile.start()
+    try:
+        engine = open_engine(volatile.store_url("v"))
+        assert engine.quorum().durability() == "Redis runs with appendonly no"
+        engine.close()
+    finally:
+        volatile.close()
+
+
+def test_engines_without_quorum_nodes_say_which_have_them(tmp_path: Path) -> None:
+    engine = open_engine("cassandra://127.0.0.1:1/ks")
+    with pytest.raises(InvalidArgument, match=r"no quorum nodes.*redis"):
+        engine.quorum()
