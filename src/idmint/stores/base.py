@@ -83,6 +83,32 @@ class QuorumNode(Protocol):
 
 
 @runtime_checkable
+class MultiplexedQuorumNode(QuorumNode, Protocol):
+    """A QuorumNode whose claims can be sent and answered apart, over one connection, so that
+    a round on many nodes runs on one thread: send to each, then read whichever answers
+    (select on `fileno()`). The caller keeps at most one claim outstanding per node and reads
+    its answer before sending another."""
+
+    def mux_connected(self) -> bool:
+        """Whether the claim connection is open (no I/O): sending needs it."""
+
+    def mux_connect(self) -> None:
+        """Open the claim connection (blocking, bounded by the store timeout)."""
+
+    def send_claim(self, key: str, start: int, end: int) -> None:
+        """Send a claim on the open connection; its answer comes through `receive_claim`."""
+
+    def fileno(self) -> int:
+        """The claim connection's socket, readable once an answer arrives."""
+
+    def receive_claim(self) -> tuple[bool, int, int]:
+        """The oldest outstanding claim's answer: (applied, counter, the claim's start)."""
+
+    def mux_reset(self) -> None:
+        """Drop the claim connection (after an error, or an answer that never came)."""
+
+
+@runtime_checkable
 class RangeStore(Protocol):
     """Keys with a counter each (or one per stripe); `allocate` atomically takes a range."""
 

@@ -10,10 +10,14 @@ unless the caller opts in to being unsafe.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._errors import StoreUnavailable
+from .._fork import orphan
 from .base import StoreIdentity
 
 if TYPE_CHECKING:
@@ -23,28 +27,38 @@ T = TypeVar("T")
 
 # KEYS[1] the counter, ARGV[1] start, ARGV[2] end: decimal integers without leading zeros,
 # compared as text (length first, then digits), so counters past 2^53 (where Lua's numbers
-# lose precision) compare right. Answers {1, end} when it set the counter, else {0, counter}.
+# lose precision) compare right. Answers {1, end} when it set the counter, else {0, counter};
+# then the claim's start, so that an answer is never taken for another claim's.
 _CLAIM = """
 local current = redis.call('GET', KEYS[1]) or '0'
 local start = ARGV[1]
 if #current < #start or (#current == #start and current < start) then
     redis.call('SET', KEYS[1], ARGV[2])
-    return {1, ARGV[2]}
+    return {1, ARGV[2], start}
 end
-return {0, current}
+return {0, current, start}
 """
 
 
 class RedisQuorumNode:
     """QuorumNode on one Redis server (a primary), sharing the connection pool of the engine's
-    compare-and-set cells (their error mapping and identity too)."""
+    compare-and-set cells (their error mapping and identity too).
+
+    Claims go over a connection of their own, straight through redis-py's Connection (send,
+    read): the client's command path (pool, retry, script objects) costs three times the CPU,
+    and a quorum round makes one claim per node."""
 
     def __init__(self, cells: RedisCasStore) -> None:
         self.display_url = cells.display_url
         self._cells = cells
         self._client: Any = cells._client
         self._prefix = cells._prefix
-        self._claim = self._client.register_script(_CLAIM)
+        self._sha = hashlib.sha1(_CLAIM.encode()).hexdigest()
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._conn_pid = 0
+        self._mux: Any = None  # the multiplexed claims' connection, used by one thread
+        self._mux_pid = 0
 
     def _counter(self, key: str) -> str:
         return f"{self._prefix}:q:{key}"
@@ -60,11 +74,84 @@ class RedisQuorumNode:
     def claim(self, key: str, start: int, end: int) -> tuple[bool, int]:
         # Not re-sent on a broken connection: a claim that applied would then answer False
         # (harmless here, but an error says more than a refusal that was not one).
-        keys, args = [self._counter(key)], [str(start), str(end)]
-        applied, value = cast(
-            list[Any], self._call(lambda: self._claim(keys=keys, args=args), idempotent=False)
-        )
+        args = (1, self._counter(key), str(start), str(end))
+        with self._lock:
+            applied, value, _ = cast(
+                list[Any], self._call(lambda: self._send(args), idempotent=False)
+            )
         return bool(applied), int(value)
+
+    def _send(self, args: tuple[Any, ...]) -> Any:
+        if self._conn is None or self._conn_pid != os.getpid():
+            if self._conn is not None:
+                orphan(self._conn)  # a parent's socket: never used nor closed here
+            self._conn = self._new_connection()
+            self._conn_pid = os.getpid()
+        conn = self._conn
+        try:
+            conn.send_command("EVALSHA", self._sha, *args)
+            try:
+                return conn.read_response()
+            except self._no_script:  # a new or restarted server: send the script itself
+                conn.send_command("EVAL", _CLAIM, *args)
+                return conn.read_response()
+        except BaseException:
+            conn.disconnect()  # its state is unknown: the next claim connects afresh
+            self._conn = None
+            raise
+
+    def _new_connection(self) -> Any:
+        """A connection of our own, outside the pool: the pool counts the connections it
+        makes against its limit (100) and a dropped one never goes back to it."""
+        pool = self._client.connection_pool
+        return pool.connection_class(**pool.connection_kwargs)
+
+    # -- multiplexed claims (MultiplexedQuorumNode): one round, one thread ------------------
+
+    def mux_connected(self) -> bool:
+        conn = self._mux
+        return conn is not None and self._mux_pid == os.getpid() and conn._sock is not None
+
+    def mux_connect(self) -> None:
+        def connect() -> None:
+            conn = self._new_connection()
+            conn.connect()
+            self._mux, self._mux_pid = conn, os.getpid()
+
+        self.mux_reset()
+        self._call(connect, idempotent=True)
+
+    def send_claim(self, key: str, start: int, end: int) -> None:
+        conn = self._mux
+        if not self.mux_connected():
+            raise StoreUnavailable(f"store {self.display_url}: no claim connection")
+        # EVAL, not EVALSHA: a server that restarted has no script cache, and an answer that
+        # comes later cannot be followed by a second try. Redis caches the script by its hash.
+        args = ("EVAL", _CLAIM, 1, self._counter(key), str(start), str(end))
+        self._call(lambda: conn.send_command(*args), idempotent=False)
+
+    def fileno(self) -> int:
+        return int(self._mux._sock.fileno())
+
+    def receive_claim(self) -> tuple[bool, int, int]:
+        conn = self._mux
+        applied, value, start = cast(list[Any], self._call(conn.read_response, idempotent=False))
+        return bool(applied), int(value), int(start)
+
+    def mux_reset(self) -> None:
+        conn, self._mux = self._mux, None
+        if conn is None:
+            return
+        if self._mux_pid == os.getpid():
+            conn.disconnect()
+        else:
+            orphan(conn)  # a parent's socket: never used nor closed here
+
+    @property
+    def _no_script(self) -> type[Exception]:
+        from redis.exceptions import NoScriptError
+
+        return NoScriptError
 
     def durability(self) -> str | None:
         from .redis import weak_persistence
@@ -87,4 +174,9 @@ class RedisQuorumNode:
         return self._cells.identity()
 
     def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._conn_pid == os.getpid():
+                self._conn.disconnect()
+            self._conn = None
+        self.mux_reset()
         self._cells.close()

@@ -38,22 +38,38 @@ import asyncio
 import contextlib
 import functools
 import logging
+import queue
 import re
+import select
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import cast
 
-from .._errors import Closed, Exhausted, IdmintError, InvalidArgument, QuorumUnavailable
+from .._errors import (
+    Closed,
+    Exhausted,
+    IdmintError,
+    InvalidArgument,
+    QuorumUnavailable,
+    StoreUnavailable,
+)
 from .._fork import ForkAware, private_random
 from ..ids import ID_MAX, Range, check_count, check_key_name
-from ..stores.base import QuorumNode
+from ..stores.base import MultiplexedQuorumNode, QuorumNode
 
 log = logging.getLogger("idmint.quorum")
 
 _jitter = private_random()
+
+#: How many times its size a lost round's retry may skip ahead, at most (see take).
+MAX_SPREAD = 64
+
+#: Seconds a multiplexed node's answer may be late before its connection is dropped (the
+#: claim may still apply: its ids are burnt, never handed out).
+OVERDUE = 2.0
 
 # A node list is URLs joined by commas; a comma inside a URL (etcd://h1:2379,h2:2379/x) is
 # not followed by a scheme, so a list splits only where the next URL begins.
@@ -152,8 +168,13 @@ class QuorumStats:
     closed: bool
 
 
+_Answer = tuple["_Slot", "tuple[bool, int] | Exception"]
+
+
 class _Slot:
-    """One node, with a thread of its own so that a hung node holds up only its calls."""
+    """One node, with a thread of its own so that a hung node holds up only its calls. Calls
+    and answers travel on SimpleQueues: a round is five hand-offs each way, and the futures of
+    concurrent.futures cost more CPU than the claims themselves."""
 
     #: Calls one node may have running or queued: more means it hangs, and rounds go on
     #: without it rather than queue behind it.
@@ -163,39 +184,60 @@ class _Slot:
         self.node = node
         self.health = NodeHealth(node.display_url)
         self.checked = False  # durability and identity looked at
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending = 0
-        self._lock = threading.Lock()
+        self.forget_threads()
 
-    def submit(self, call: Callable[[], tuple[bool, int]]) -> Future[tuple[bool, int]] | None:
-        """Run `call` on the node's thread, or None if the node has too many calls pending."""
+    def forget_threads(self) -> None:
+        """Start afresh (also after a fork: the parent's thread and calls are not ours)."""
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], tuple[bool, int]], queue.SimpleQueue[_Answer]] | None
+        ] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pending = 0
+        self.health.in_flight = False
+        #: Multiplexed nodes: the start of the claim whose answer has not been read yet, and
+        #: when it was sent.
+        self.outstanding: int | None = None
+        self.sent_at = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self._pending > 0
+
+    def submit(
+        self, call: Callable[[], tuple[bool, int]], answers: queue.SimpleQueue[_Answer]
+    ) -> bool:
+        """Run `call` on the node's thread, its answer (or exception) put on `answers`; False
+        if the node has too many calls pending."""
         with self._lock:
             if self._pending >= self.MAX_PENDING:
-                return None
+                return False
             self._pending += 1
             self.health.in_flight = True
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="idmint-quorum-node")
-            return self._executor.submit(self._counted, call)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="idmint-quorum-node", daemon=True
+                )
+                self._thread.start()
+        self._jobs.put((call, answers))
+        return True
 
-    def _counted(self, call: Callable[[], tuple[bool, int]]) -> tuple[bool, int]:
-        try:
-            return call()
-        finally:
+    def _serve(self) -> None:
+        jobs = self._jobs
+        while (job := jobs.get()) is not None:
+            call, answers = job
+            answer: tuple[bool, int] | Exception
+            try:
+                answer = call()
+            except Exception as exc:
+                answer = exc
             with self._lock:
                 self._pending -= 1
                 self.health.in_flight = self._pending > 0
-
-    def forget_threads(self) -> None:
-        """After a fork: the parent's thread is not ours, nor its calls in flight."""
-        self._lock = threading.Lock()
-        self._executor = None
-        self._pending = 0
-        self.health.in_flight = False
+            answers.put((self, answer))
 
     def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._jobs.put(None)
 
 
 @dataclass
@@ -219,9 +261,13 @@ class QuorumCounter(ForkAware):
         self.options = options or QuorumOptions()
         self.majority = len(nodes) // 2 + 1
         self._slots = [_Slot(n) for n in nodes]
+        # Nodes that take claims apart from their answers run a round on the caller's thread
+        # (select over their sockets): a third of the CPU of a thread per node.
+        self._multiplexed = all(isinstance(n, MultiplexedQuorumNode) for n in nodes)
         self._identities: dict[str, str] = {}  # node identity -> url, to spot one node twice
         self._lock = threading.Lock()  # one request at a time
         self._guess = self.options.start  # the next start worth trying
+        self._spread = 1.0  # how widely a round's start is spread above it (see take)
         self.rounds = self.retries = self.burnt = 0
         #: Called between choosing a round's start and sending its claims (tests pause here).
         self.before_claim: Callable[[int, int], None] | None = None
@@ -244,16 +290,25 @@ class QuorumCounter(ForkAware):
         or that is another node again under a second URL. Nodes that do not answer are
         checked before their first claim."""
         self._check_fork()
-        futures = []
-        for slot in self._slots:
-            if not slot.checked:
-                future = slot.submit(functools.partial(self._checked_call, slot, None))
-                if future is not None:
-                    futures.append(future)
-        done, _ = wait(futures, timeout=timeout or self.options.deadline)
-        for future in done:
-            if isinstance(future.exception(), InvalidArgument):
-                future.result()
+        answers: queue.SimpleQueue[_Answer] = queue.SimpleQueue()
+        sent = sum(
+            slot.submit(
+                functools.partial(self._connect, slot)
+                if self._multiplexed
+                else functools.partial(self._checked_call, slot, None),
+                answers,
+            )
+            for slot in self._slots
+            if not slot.checked
+        )
+        until = time.monotonic() + (timeout or self.options.deadline)
+        for _ in range(sent):
+            try:
+                _, answer = answers.get(timeout=max(0, until - time.monotonic()))
+            except queue.Empty:
+                return
+            if isinstance(answer, InvalidArgument):
+                raise answer
 
     def _check(self, slot: _Slot) -> None:
         """Refuse `slot`'s node for good if it is unsafe or a duplicate (raises
@@ -305,35 +360,132 @@ class QuorumCounter(ForkAware):
         """Claim [start, end] on every usable node; won once a majority applied it. Waits
         for answers until the monotonic time `until`."""
         outcome = _Outcome()
-        futures: dict[Future[tuple[bool, int]], _Slot] = {}
+        answers: queue.SimpleQueue[_Answer] = queue.SimpleQueue()
+        waiting: set[_Slot] = set()
         for slot in self._slots:
             url = slot.node.display_url
             if slot.health.refused is not None:
                 outcome.errors.append(f"{url}: refused ({slot.health.refused})")
-                continue
-            future = slot.submit(functools.partial(self._checked_call, slot, (start, end)))
-            if future is None:
-                outcome.errors.append(f"{url}: earlier calls still unanswered")
+            elif slot.submit(functools.partial(self._checked_call, slot, (start, end)), answers):
+                waiting.add(slot)
             else:
-                futures[future] = slot
-        pending = set(futures)
-        while outcome.applied < self.majority <= outcome.applied + len(pending):
-            done, pending = wait(
-                pending, timeout=max(0, until - time.monotonic()), return_when=FIRST_COMPLETED
-            )
-            if not done:
-                outcome.errors += [f"{futures[f].node.display_url}: no answer" for f in pending]
+                outcome.errors.append(f"{url}: earlier calls still unanswered")
+        while outcome.applied < self.majority <= outcome.applied + len(waiting):
+            try:
+                slot, answer = answers.get(timeout=max(0, until - time.monotonic()))
+            except queue.Empty:
+                outcome.errors += [f"{s.node.display_url}: no answer" for s in waiting]
                 break
-            for future in done:
-                error = future.exception()
-                if error is not None:
-                    outcome.errors.append(f"{futures[future].node.display_url}: {error}")
-                elif future.result()[0]:
+            waiting.discard(slot)
+            if isinstance(answer, Exception):
+                outcome.errors.append(f"{slot.node.display_url}: {answer}")
+            elif answer[0]:
+                outcome.applied += 1
+            else:
+                outcome.refused += 1
+        outcome.won = outcome.applied >= self.majority
+        return outcome
+
+    # -- multiplexed rounds ------------------------------------------------------------------
+
+    def _mux_round(self, start: int, end: int, until: float) -> _Outcome:
+        """`_round` on MultiplexedQuorumNodes: send the claim to each node, then read the
+        answers as they come. A node is sent a claim only once its previous answer is read;
+        connecting and checking a node run on its own thread, never holding up a round."""
+        outcome = _Outcome()
+        live: dict[int, _Slot] = {}
+        for slot in self._slots:
+            node = cast(MultiplexedQuorumNode, slot.node)
+            url = node.display_url
+            if slot.health.refused is not None:
+                outcome.errors.append(f"{url}: refused ({slot.health.refused})")
+                continue
+            if not (slot.checked and node.mux_connected()):
+                self._prepare(slot)
+                outcome.errors.append(f"{url}: {slot.health.last_error or 'connecting'}")
+                continue
+            if slot.outstanding is not None and not self._drain(slot):
+                outcome.errors.append(f"{url}: an earlier claim is still unanswered")
+                continue
+            try:
+                node.send_claim(self.key, start, end)
+            except Exception as exc:
+                self._mux_failed(slot, exc)
+                outcome.errors.append(f"{url}: {exc}")
+                continue
+            slot.outstanding, slot.sent_at = start, time.monotonic()
+            slot.health.in_flight = True
+            live[node.fileno()] = slot
+        while outcome.applied < self.majority <= outcome.applied + len(live):
+            left = until - time.monotonic()
+            if left <= 0:
+                outcome.errors += [f"{s.node.display_url}: no answer" for s in live.values()]
+                break
+            ready, _, _ = select.select(list(live), [], [], left)
+            for fd in ready:
+                slot = live.pop(fd)
+                answer = self._mux_receive(slot)
+                if isinstance(answer, Exception):
+                    outcome.errors.append(f"{slot.node.display_url}: {answer}")
+                elif answer:
                     outcome.applied += 1
                 else:
                     outcome.refused += 1
         outcome.won = outcome.applied >= self.majority
         return outcome
+
+    def _mux_receive(self, slot: _Slot) -> bool | Exception:
+        """The answer to the slot's outstanding claim: whether it applied, or the error."""
+        node = cast(MultiplexedQuorumNode, slot.node)
+        try:
+            applied, counter, echoed = node.receive_claim()
+        except Exception as exc:
+            self._mux_failed(slot, exc)
+            return exc
+        expected, slot.outstanding = slot.outstanding, None
+        slot.health.in_flight = False
+        if echoed != expected:  # one claim outstanding per node: an answer is never another's
+            error = StoreUnavailable(f"answered the claim from {echoed}, not from {expected}")
+            self._mux_failed(slot, error)
+            return error
+        health = slot.health
+        health.up, health.last_ok_at, health.last_error = True, time.time(), None
+        health.counter = max(health.counter, counter)
+        return applied
+
+    def _drain(self, slot: _Slot) -> bool:
+        """Read the late answer to the slot's outstanding claim if it has come (True: the node
+        can take another). One overdue past OVERDUE seconds drops the connection."""
+        node = cast(MultiplexedQuorumNode, slot.node)
+        ready, _, _ = select.select([node.fileno()], [], [], 0)
+        if ready:
+            return not isinstance(self._mux_receive(slot), Exception)
+        if time.monotonic() - slot.sent_at > OVERDUE:
+            self._mux_failed(slot, StoreUnavailable(f"no answer within {OVERDUE:g} s"))
+        return False
+
+    def _mux_failed(self, slot: _Slot, error: Exception) -> None:
+        cast(MultiplexedQuorumNode, slot.node).mux_reset()
+        slot.outstanding = None
+        health = slot.health
+        health.up, health.in_flight = False, False
+        health.last_error = " ".join(str(error).split())[:300]
+
+    def _prepare(self, slot: _Slot) -> None:
+        """Check and connect the node on its own thread (once at a time)."""
+        if not slot.busy:
+            slot.submit(functools.partial(self._connect, slot), queue.SimpleQueue())
+
+    def _connect(self, slot: _Slot) -> tuple[bool, int]:
+        """On the node's thread: check it (if not done yet) and open its claim connection."""
+        self._checked_call(slot, None)
+        try:
+            cast(MultiplexedQuorumNode, slot.node).mux_connect()
+        except Exception as exc:
+            slot.health.up = False
+            slot.health.last_error = " ".join(str(exc).split())[:300]
+            raise
+        return False, 0
 
     def take(self, count: int = 1) -> Range:
         """`count` consecutive ids, each above every id of this key handed out (by any caller,
@@ -347,37 +499,45 @@ class QuorumCounter(ForkAware):
             while True:
                 seen = max(s.health.counter for s in self._slots)
                 start = max(self._guess, seen + 1, options.start)
+                if self._spread > 1:  # callers have been contending: see below
+                    start += count * _jitter.randrange(int(self._spread))
                 end = start + count - 1
                 if end > options.max:
                     raise Exhausted(self.key, options.max)
                 if self.before_claim is not None:
                     self.before_claim(start, end)
                 wait_until = min(give_up, time.monotonic() + options.round_wait)
-                outcome = self._round(start, end, max(wait_until, time.monotonic() + 0.001))
+                round_ = self._mux_round if self._multiplexed else self._round
+                outcome = round_(start, end, max(wait_until, time.monotonic() + 0.001))
                 if outcome.won:
                     self._guess = end + 1
+                    self._spread = max(1.0, self._spread * 0.95)
                     self.rounds += 1
                     return Range(start, end + 1)
                 self.retries += 1
                 if outcome.applied:
                     self.burnt += count
-                    self._guess = end + 1
-                if outcome.refused and not outcome.applied:
-                    # Every node that answered was ahead: a stale guess, corrected by their
-                    # answers. Waiting would only let the others get further ahead (a client
-                    # that always waits after a refusal starves behind busy ones).
-                    if time.monotonic() < give_up:
-                        continue
-                else:
-                    pause = _jitter.uniform(0, wait_cap)
-                    wait_cap = min(wait_cap * 2, options.longest_wait)
-                    time.sleep(max(0, min(give_up - time.monotonic(), pause)))
+                if outcome.applied or outcome.refused:
+                    # Other callers got there first. Retrying at once, one above the highest
+                    # counter seen, they would all claim the same start again and split the
+                    # nodes again. So each round skips a random number of ids ahead, from a
+                    # spread that doubles with each loss and shrinks slowly with each win:
+                    # claims at different starts mostly all apply (a node takes every claim
+                    # above its counter), where claims at one start split the nodes. The
+                    # skipped ids are never handed out: numbers are spent, not time.
+                    if seen:  # a fresh counter's first refusal only tells it where the key is
+                        self._spread = min(self._spread * 2, MAX_SPREAD)
+                    self._guess = max(end + 1, max(s.health.counter for s in self._slots) + 1)
+                # Then a random wait, doubling with each loss: fewer callers race at once.
+                pause = _jitter.uniform(0, wait_cap)
+                wait_cap = min(wait_cap * 2, options.longest_wait)
+                time.sleep(max(0, min(give_up - time.monotonic(), pause)))
                 if time.monotonic() >= give_up:
                     raise QuorumUnavailable(
                         f"quorum key {self.key!r}: no majority ({self.majority} of "
                         f"{len(self._slots)} nodes) within {options.deadline:g} s; last round: "
                         f"{outcome.applied} applied, {outcome.refused} refused"
-                        + (f", {'; '.join(outcome.errors)}" if outcome.errors else "")
+                        + (f", {'; '.join(outcome.errors[:5])}" if outcome.errors else "")
                     )
 
     def health(self) -> list[NodeHealth]:
