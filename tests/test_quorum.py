@@ -34,6 +34,7 @@ from checks import run_threads
 from harness import Op, duplicates, real_time_violations
 from quorum_nodes import QuorumNodes, running
 from server_redis import RedisServer
+from servers import wait_until
 from test_app import call
 
 _prefixes = itertools.count()
@@ -135,6 +136,8 @@ def test_a_minority_down_goes_unnoticed_a_majority_down_fails_typed(
     before = gen.next_id()
     nodes.servers[0].kill()
     nodes.servers[1].kill()
+    for _ in range(150):  # each round tries to reconnect them: no leak, no limit reached
+        gen.next_id()
     during = gen.next_ids(10)
     assert during.start > before
     nodes.servers[2].kill()
@@ -149,6 +152,7 @@ def test_a_minority_down_goes_unnoticed_a_majority_down_fails_typed(
         server.start()
     after = gen.next_id()
     assert after > during.stop  # a restarted node kept its counter (appendfsync always)
+    wait_until(lambda: gen.next_id() and all(n.up for n in gen.stats().nodes), 10, "all up")
     gen.close()
 
 
@@ -337,3 +341,31 @@ def test_the_server_hands_out_ranges_with_group_commit_and_reports_them(
     assert missing.status_code == 404 and "--quorum" in missing.text
     with pytest.raises(InvalidArgument, match="bad node list"):
         ServerConfig(quorum="not urls")
+
+
+def test_sql_and_mixed_nodes_run_rounds_on_a_thread_per_node(
+    nodes: QuorumNodes, urls: list[str], tmp_path: Path
+) -> None:
+    """Nodes that cannot take claims apart from answers (SQL, etcd, ZooKeeper) get a thread
+    each; a set with one of them too. A hung node holds a round up for round_wait at most."""
+    sqlite = [f"sqlite:///{tmp_path / f'n{i}.db'}" for i in range(3)]
+    for node_set in (sqlite, [urls[0], urls[1], sqlite[0]]):
+        _threads_on(node_set)
+    gen = open_quorum("mixed", [urls[0], urls[1], urls[2], sqlite[1], sqlite[2]])
+    gen.next_id()
+    nodes.servers[0].pause()
+    began = time.monotonic()
+    got = [gen.next_id() for _ in range(20)]
+    assert got == sorted(got) and time.monotonic() - began < 5
+    nodes.servers[0].resume()
+    gen.close()
+
+
+def _threads_on(node_set: list[str]) -> None:
+    gen = open_quorum("mixed", node_set)
+    assert not gen.counter._multiplexed
+    ops: list[Op] = []
+    names = itertools.count()
+    run_threads(lambda: _recorded(gen, 50, ops, f"t{next(names)}"), 4)
+    gen.close()
+    _assert_linearizable(ops)

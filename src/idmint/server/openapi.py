@@ -403,6 +403,47 @@ def openapi_document(version: str) -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/quorum/{key}/ids": {
+                "get": {
+                    "summary": "Consecutive ids of a quorum key, each above every id of the key "
+                    "handed out before the request came (a server started with --quorum; "
+                    "concurrent requests share one round: group commit)",
+                    **IDS,
+                    "parameters": [
+                        KEY_PARAM,
+                        {
+                            "name": "count",
+                            "in": "query",
+                            "description": "How many ids (a range): 1 to 1,000,000",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                        },
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["key", "start", "stop", "count"],
+                                "properties": {
+                                    "key": {"type": "string"},
+                                    "start": {"type": "integer"},
+                                    "stop": {
+                                        "type": "integer",
+                                        "description": "one past the last id",
+                                    },
+                                    "count": {"type": "integer"},
+                                },
+                            }
+                        ),
+                        "400": E400,
+                        "401": E401_IDS,
+                        "404": _error("This server has no quorum nodes (start it with --quorum)"),
+                        "410": E410,
+                        "503": _error(
+                            "No majority of the quorum nodes accepted a round before the deadline"
+                        ),
+                    },
+                }
+            },
             "/decodeSnowflakeId": {
                 "get": {
                     "summary": "Leaf's decode: timestamp, workerId, sequenceId as strings",
