@@ -1,0 +1,218 @@
+"""Quorum keys (antirez's algorithm) on five Redis nodes, side by side with pottery's NextID.
+
+    python bench/quorum.py --json
+    python bench/quorum.py --json --seconds 20 --batch 1000
+
+Starts five Redis servers from /usr/bin/redis-server with `appendonly yes` and `appendfsync
+always` (tests/server_redis.py), each on a loopback address of its own, and measures, each for
+--seconds:
+
+  fsync_floor_ops_per_s   one client's INCR on one such node: the fsync-bound floor
+  pottery_ids_per_s       PyPI pottery's NextID on the five nodes, one client
+  pottery8_ids_per_s      the same from 8 threads sharing one NextID (and its errors)
+  single_ids_per_s        ours, one client, one id per round
+  ratio_vs_pottery        single_ids_per_s / pottery_ids_per_s
+  clients8_ids_per_s      ours, 8 client processes, each its own generator: direct, no server
+  clients8_vs_single      clients8_ids_per_s / single_ids_per_s (contention's cost: >= 1.0)
+  group_ids_per_s         8 caller processes through `idmint serve --quorum` (group commit),
+                          each request --batch ids (a range)
+  violations              repeated ids and real-time order violations the harness's checks
+                          found in every phase of ours (each call recorded: start, end, ids)
+
+Needs the dev extra (pottery) and redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+Call = tuple[float, float, int, int]  # start, end (monotonic), first id, last id
+
+
+def _timed(seconds: float, call: Callable[[], tuple[int, int]]) -> tuple[list[Call], int]:
+    """Call `call` for `seconds`: its recorded calls and its errors."""
+    calls: list[Call] = []
+    errors = 0
+    until = time.monotonic() + seconds
+    while (t0 := time.monotonic()) < until:
+        try:
+            first, last = call()
+        except Exception:
+            errors += 1
+            continue
+        calls.append((t0, time.monotonic(), first, last))
+    return calls, errors
+
+
+def violations(calls: list[Call]) -> int:
+    """Ids handed out twice, plus pairs where a call that began after another ended got ids
+    not above all of the other's: the harness's checks, on ranges. O(n log n)."""
+    spans = sorted((c[2], c[3]) for c in calls)
+    repeats = sum(1 for a, b in zip(spans, spans[1:], strict=False) if b[0] <= a[1])
+    ended = sorted(calls, key=lambda c: c[1])
+    late = 0
+    highest, i = 0, 0
+    for call in sorted(calls, key=lambda c: c[0]):
+        while i < len(ended) and ended[i][1] < call[0]:
+            highest = max(highest, ended[i][3])
+            i += 1
+        late += call[2] <= highest
+    return repeats + late
+
+
+def _generator_client(urls: list[str], seconds: float, out: Any) -> None:
+    from idmint import open_quorum
+
+    gen = open_quorum("clients8", urls)
+    gen.next_id()  # connected, checked
+    out.put(_timed(seconds, lambda: (i := gen.next_id(), i)))
+    gen.close()
+
+
+def _http_caller(port: int, path: str, batch: int, seconds: float, out: Any) -> None:
+    # http.client, kept alive: httpx costs a caller about a millisecond of CPU per request,
+    # and eight of them would measure the callers more than the server on two cores.
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def call() -> tuple[int, int]:
+        conn.request("GET", f"{path}?count={batch}")
+        got = conn.getresponse()
+        body = json.loads(got.read())
+        if got.status != 200:
+            raise RuntimeError(body)
+        return body["start"], body["stop"] - 1
+
+    call()
+    out.put(_timed(seconds, call))
+    conn.close()
+
+
+def _processes(target: Callable[..., None], args: tuple[Any, ...], count: int) -> list[Any]:
+    """Run `target(*args, queue)` in `count` processes at once; what each put."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=target, args=(*args, queue)) for _ in range(count)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(30)
+    return results
+
+
+@contextlib.contextmanager
+def redis_nodes(count: int) -> Iterator[list[Any]]:
+    from server_redis import RedisServer
+
+    servers = [RedisServer(host=f"127.0.0.{21 + i}") for i in range(count)]
+    try:
+        for s in servers:
+            s.start()
+        yield servers
+    finally:
+        for s in servers:
+            s.close()
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import redis
+    from pottery import NextID
+
+    from http_bench import free_port, running
+    from idmint import open_quorum
+
+    seconds = args.seconds
+    result: dict[str, Any] = {"nodes": args.nodes, "seconds": seconds}
+    with redis_nodes(args.nodes) as servers:
+        urls = [s.store_url("bench") for s in servers]
+        clients = [redis.Redis(host=s.host, port=s.port) for s in servers]
+
+        floor, _ = _timed(seconds, lambda: (int(clients[0].incr("floor")), 0))
+        result["fsync_floor_ops_per_s"] = round(len(floor) / seconds)
+
+        pottery = NextID(key="pottery", masters=set(clients))
+        got, errors = _timed(seconds, lambda: (next(pottery), 0))
+        result["pottery_ids_per_s"] = round(len(got) / seconds)
+        result["pottery_errors"] = errors
+
+        counts = [0, 0]
+        lock = threading.Lock()
+
+        def pottery_thread() -> None:
+            got, errors = _timed(seconds, lambda: (next(pottery), 0))
+            with lock:
+                counts[0] += len(got)
+                counts[1] += errors
+
+        threads = [threading.Thread(target=pottery_thread) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        result["pottery8_ids_per_s"] = round(counts[0] / seconds)
+        result["pottery8_errors"] = counts[1]
+
+        ours = open_quorum("single", urls)
+        ours.next_id()
+        single, errors = _timed(seconds, lambda: (i := ours.next_id(), i))
+        ours.close()
+        result["single_ids_per_s"] = round(len(single) / seconds)
+        result["single_errors"] = errors
+        result["ratio_vs_pottery"] = round(len(single) / max(1, len(got)), 2)
+
+        eight = _processes(_generator_client, (urls, seconds), 8)
+        calls8 = [c for calls, _ in eight for c in calls]
+        result["clients8_ids_per_s"] = round(len(calls8) / seconds)
+        result["clients8_errors"] = sum(e for _, e in eight)
+        result["clients8_vs_single"] = round(len(calls8) / max(1, len(single)), 2)
+
+        port = free_port()
+        with tempfile.TemporaryDirectory() as tmp:
+            serve = [sys.executable, "-m", "idmint", "--store", f"sqlite:///{tmp}/s.db"]
+            serve += ["serve", "--port", str(port), "--quorum", ",".join(urls)]
+            with running(serve, f"http://127.0.0.1:{port}/livez"):
+                path = "/v1/quorum/group/ids"
+                callers = _processes(
+                    _http_caller, (port, path, args.batch, seconds), args.callers
+                )
+        group = [c for calls, _ in callers for c in calls]
+        result["group_ids_per_s"] = round(sum(c[3] - c[2] + 1 for c in group) / seconds)
+        result["group_requests_per_s"] = round(len(group) / seconds)
+        result["group_batch"] = args.batch
+        result["group_callers"] = args.callers
+        result["group_errors"] = sum(e for _, e in callers)
+        result["violations"] = violations(single) + violations(calls8) + violations(group)
+        for c in clients:
+            c.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--nodes", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=100, help="ids per group-commit request")
+    parser.add_argument("--callers", type=int, default=8)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "tests"))
+    from report import emit
+
+    emit(measure(args), args.json)
+
+
+if __name__ == "__main__":
+    main()
