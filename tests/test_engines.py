@@ -50,7 +50,7 @@ def test_a_striped_key_served_on_every_engine(
 
 def test_an_engine_offers_its_capabilities_made_once() -> None:
     engine = open_engine("memory://")
-    assert engine.capabilities == {"ranges", "leases", "cas"}
+    assert engine.capabilities == {"ranges", "leases", "cas", "quorum"}
     assert engine.ranges() is engine.ranges() and engine.cas() is engine.cas()
     engine.close()
     engine.close()  # safe to repeat

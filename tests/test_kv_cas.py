@@ -168,10 +168,11 @@ def test_engines_open_without_io() -> None:
     first call is what fails."""
     for url in ("redis://127.0.0.1:1/0", "etcd://127.0.0.1:1", "zk://127.0.0.1:1"):
         engine = open_engine(url, timeout=0.5)
-        assert engine.capabilities == {"ranges", "leases", "cas"}
+        assert engine.capabilities == {"ranges", "leases", "cas", "quorum"}
         engine.cas()
         engine.leases()
         engine.ranges()
+        engine.quorum()
         engine.close()
 
 
