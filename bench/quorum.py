@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import multiprocessing
 import sys
 import tempfile
@@ -58,7 +59,7 @@ def violations(calls: list[Call]) -> int:
     """Ids handed out twice, plus pairs where a call that began after another ended got ids
     not above all of the other's: the harness's checks, on ranges. O(n log n)."""
     spans = sorted((c[2], c[3]) for c in calls)
-    repeats = sum(1 for a, b in zip(spans, spans[1:], strict=False) if b[0] <= a[1])
+    repeats = sum(1 for a, b in itertools.pairwise(spans) if b[0] <= a[1])
     ended = sorted(calls, key=lambda c: c[1])
     late = 0
     highest, i = 0, 0
@@ -131,8 +132,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import redis
     from pottery import NextID
 
-    from http_bench import free_port, running
     from idmint import open_quorum
+
+    from http_bench import free_port, running
 
     seconds = args.seconds
     result: dict[str, Any] = {"nodes": args.nodes, "seconds": seconds}
@@ -185,9 +187,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             serve += ["serve", "--port", str(port), "--quorum", ",".join(urls)]
             with running(serve, f"http://127.0.0.1:{port}/livez"):
                 path = "/v1/quorum/group/ids"
-                callers = _processes(
-                    _http_caller, (port, path, args.batch, seconds), args.callers
-                )
+                callers = _processes(_http_caller, (port, path, args.batch, seconds), args.callers)
         group = [c for calls, _ in callers for c in calls]
         result["group_ids_per_s"] = round(sum(c[3] - c[2] + 1 for c in group) / seconds)
         result["group_requests_per_s"] = round(len(group) / seconds)
