@@ -8,6 +8,7 @@ an unknown key, a bad count).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,8 +30,10 @@ from .ids import (
     Key,
     Range,
     check_count,
+    is_digits,
 )
 from .stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
+from .stores.sqlite import sqlite_path
 from .strategies.datacenter import ReservationSizing
 from .strategies.quorum import QuorumOptions, split_nodes
 
@@ -53,13 +56,28 @@ BAD_INPUT = (InvalidArgument, KeyNotFound, KeyExists)
 
 @contextmanager
 def _minter(
-    ctx: click.Context, dc: str | None = None, dc_store: str | None = None
+    ctx: click.Context, dc: str | None = None, dc_store: str | None = None, *, create: bool = False
 ) -> Iterator[Minter]:
+    """A minter on the command's store. Only commands that `create` things make a SQLite
+    store that is not there: a typo in --store would otherwise leave a stray file behind."""
+    if not create:
+        _must_exist(ctx.obj["store"])
     minter = connect(ctx.obj["store"], timeout=ctx.obj["timeout"], dc=dc, dc_store=dc_store)
     try:
         yield minter
     finally:
         minter.close()
+
+
+def _must_exist(url: str) -> None:
+    if not url.startswith("sqlite:///"):
+        return
+    path = sqlite_path(url)
+    if path != ":memory:" and not Path(path).exists():
+        raise InvalidArgument(
+            f"no store at {path}: `idmint init` (or adding a key) creates it; check --store or "
+            "IDMINT_STORE"
+        )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -160,7 +178,7 @@ def quorum_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.pass_context
 def init(ctx: click.Context) -> None:
     """Create the store's table (it is also created on first use)."""
-    with _minter(ctx) as minter:
+    with _minter(ctx, create=True) as minter:
         minter.init()
         identity = minter.identity()
         made = ""
@@ -224,7 +242,7 @@ def keys_add(
     exist_ok: bool,
 ) -> None:
     """Create key NAME."""
-    with _minter(ctx) as minter:
+    with _minter(ctx, create=True) as minter:
         try:
             key = minter.add_key(
                 name,
@@ -377,7 +395,7 @@ def next_(
             raise click.UsageError("--quorum takes no --dc, --dc-store or --stripe")
         _print_ids(_quorum_ids(ctx, name, quorum, bool(unsafe_nodes), count))
         return
-    with _minter(ctx, dc, dc_store) as minter:
+    with _minter(ctx, dc, dc_store, create=True) as minter:
         left = count
         while left:
             taken = minter.take(name, left, stripe=stripe)
@@ -517,7 +535,10 @@ def serve(
     from .server.config import ServerConfig, read_config_file
     from .server.run import serve as run_server
 
+    # A flag beats the environment, which beats the file: every setting, including those
+    # without a flag of their own (IDMINT_WAIT, IDMINT_MAX_STEP, IDMINT_PRELOAD_AT, ...).
     values = read_config_file(config_file) if config_file else {}
+    values.update(ServerConfig.env_values())
     for name in ("store", "timeout"):  # a flag or env var beats the file
         if name in ctx.obj["given"] or name not in values:
             values[name] = ctx.obj[name]
@@ -586,7 +607,7 @@ def snowflake(
     from .strategies.snowflake import SnowflakeOptions
 
     check_count(count, maximum=MAX_COUNT)
-    with _minter(ctx) as minter:
+    with _minter(ctx, create=True) as minter:
         flakes = minter.snowflake(
             layout, SnowflakeOptions(namespace=namespace), worker_id=worker_id, state=state
         )
@@ -621,7 +642,7 @@ def decode(ids: tuple[str, ...], layout: str, as_json: bool) -> None:
     from .layout import layout_named
 
     chosen = layout_named(layout)
-    bad = [text for text in ids if not text.isdigit()]
+    bad = [text for text in ids if not is_digits(text)]
     if bad:
         raise InvalidArgument(f"{bad[0]!r} is not an id: ids are non-negative integers")
     for parts in [chosen.decode(int(text)) for text in ids]:
@@ -797,7 +818,7 @@ def dc_add(
     **sizing: Any,
 ) -> None:
     """Create datacenter key NAME (on the global store, --store)."""
-    with _minter(ctx) as minter:
+    with _minter(ctx, create=True) as minter:
         try:
             key = minter.add_datacenter_key(
                 name,
@@ -947,10 +968,17 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv: list[str] | None = None, run: Callable[..., Any] = cli.main) -> int:
     """Run the CLI and turn every error into one line on stderr and an exit code."""
+    # The drivers' own warnings (kazoo's "Connection dropped", cassandra-driver's) would come
+    # before idmint's one line, which already says what failed.
+    for driver in ("kazoo", "cassandra"):
+        logging.getLogger(driver).setLevel(logging.CRITICAL)
     try:
         result = run(args=argv, prog_name="idmint", standalone_mode=False)
     except click.exceptions.Abort:
         return _fail("interrupted", 130)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `idmint`, `idmint keys`: the help, whole
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        return EXIT_BAD_INPUT
     except click.ClickException as exc:
         return _fail(" ".join(exc.format_message().split()), EXIT_BAD_INPUT)
     except BAD_INPUT as exc:

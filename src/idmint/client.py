@@ -36,7 +36,7 @@ from ._errors import (
     StoreUnavailable,
 )
 from ._fork import ForkAware, orphan
-from .ids import Allocation, Key, Range, check_count, check_key_name
+from .ids import Allocation, Key, Range, check_count, check_key_name, is_digits
 from .stores.base import STORE_HEADER, StoreIdentity
 from .strategies.segment import SegmentGenerator, SegmentOptions
 
@@ -132,7 +132,7 @@ class HttpRangeStore(ForkAware):
                 self._preferred = index
             if response.status_code >= 400:
                 cap = response.headers.get("idmint-batch-cap", "")
-                if cap.isdigit() and path.startswith("/v1/keys/"):
+                if is_digits(cap) and path.startswith("/v1/keys/"):
                     self._caps[path.split("/")[3]] = int(cap)
                 raise _error_for(response, path)
             return response.json()
@@ -267,7 +267,7 @@ def _error_for(response: httpx.Response, path: str) -> IdmintError:
 
 def _header_int(response: httpx.Response, name: str) -> int | None:
     value = response.headers.get(name, "").strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if is_digits(value) else None
 
 
 def _key(data: dict[str, Any]) -> Key:

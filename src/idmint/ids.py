@@ -32,6 +32,12 @@ KEY_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 KEY_NAME_RULE = "1 to 128 characters from A-Z a-z 0-9 . _ : -, starting with a letter or a digit"
 
 
+def is_digits(text: str) -> bool:
+    """Whether `text` is one or more ASCII digits 0-9: str.isdigit() is also true of "²" and
+    other Unicode digits, which int() then refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def check_key_name(name: str) -> str:
     """Return `name` if it is a valid key name, else raise InvalidArgument."""
     if not isinstance(name, str) or not KEY_NAME_PATTERN.fullmatch(name):

@@ -48,6 +48,7 @@ from ..ids import (
     Key,
     check_key_name,
     check_stripe,
+    is_digits,
 )
 from ..layout import layout_named
 from ..stores.base import STORE_HEADER, StoreIdentity
@@ -96,6 +97,7 @@ RANGES_ROUTE = "/v1/keys/{key}/ranges"
 SNOWFLAKE_ROUTE = "/api/snowflake/get/{key}"
 SNOWFLAKE_IDS_ROUTE = "/v1/snowflake/ids"
 QUORUM_ROUTE = "/v1/quorum/{key}/ids"
+DECODE_ROUTE = "/v1/snowflake/decode/{key}"
 # Who may call a route: anyone, holders of the client token (when one is set), the admin.
 OPEN, IDS, ADMIN = "open", "ids", "admin"
 BATCH_CAP_HEADER = "idmint-batch-cap"
@@ -188,7 +190,7 @@ async def _read_body(length: str | None, proto: Any) -> bytes | None:
     """The request body as granian streams it, or None as soon as it is over MAX_BODY: the
     rest is never read (reading the whole body first let a 1 GiB POST take a worker to
     2.7 GB before its size was checked)."""
-    if length is not None and length.strip().isdigit() and int(length) > MAX_BODY:
+    if length is not None and is_digits(length.strip()) and int(length) > MAX_BODY:
         return None
     parts: list[bytes] = []
     size = 0
@@ -342,7 +344,7 @@ class App:
             SNOWFLAKE_IDS_ROUTE: {"GET": (self.snowflake_ids, IDS)},
             QUORUM_ROUTE: {"GET": (self.quorum_ids, IDS)},
             "/decodeSnowflakeId": {"GET": (self.leaf_decode, OPEN)},
-            "/v1/snowflake/decode/{key}": {"GET": (self.snowflake_decode, OPEN)},
+            DECODE_ROUTE: {"GET": (self.snowflake_decode, OPEN)},
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -550,7 +552,7 @@ class App:
                 self._authorize(request)
             elif access == IDS and self._id_bearers:
                 self._authorize_ids(request)
-            if key is not None:
+            if key is not None and pattern != DECODE_ROUTE:  # decode's is an id, not a key
                 check_key_name(key)
             return await handler(request, key)
         except HttpError as exc:

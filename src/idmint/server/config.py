@@ -123,14 +123,18 @@ class ServerConfig:
         return cls(**kwargs)
 
     @classmethod
-    def from_env(cls) -> ServerConfig:
+    def env_values(cls) -> dict[str, str]:
+        """The settings IDMINT_* variables give, by field name."""
         names = {f.name for f in fields(cls)}
-        values = {
+        return {
             k[len(ENV_PREFIX) :].lower(): v
             for k, v in os.environ.items()
             if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in names
         }
-        return cls.from_mapping(values)
+
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        return cls.from_mapping(cls.env_values())
 
 
 def _flag(value: Any) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import ipaddress
 import logging
 import math
 import os
@@ -34,9 +36,10 @@ def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT; then /readyz turns 503, in-flight requests finish and unused
     tails go back to the store."""
     store = open_store(config.store, timeout=config.timeout)  # a bad URL fails here, once
+    address = listen_address(config.host, config.port)
     try:
         if not config.reuse_port:
-            check_port_free(config.host, config.port)
+            check_port_free(address, config.port)
         store.init()  # and so does an unreachable store, before any worker starts
     finally:
         store.close()
@@ -81,7 +84,7 @@ def serve(config: ServerConfig) -> None:
         )
     Granian(
         TARGET,
-        address=config.host,
+        address=address,
         port=config.port,
         interface=Interfaces.RSGI,
         workers=config.workers,
@@ -122,6 +125,19 @@ def _raise_fd_limit(needed: int) -> None:
             target,
             needed,
         )
+
+
+def listen_address(host: str, port: int) -> str:
+    """The IP address to listen on for `host`: itself if it is one, else what it resolves to
+    (granian takes addresses only: `--host localhost` is 127.0.0.1)."""
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(host))
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a host name"
+        raise InvalidArgument(f"cannot listen on {host}:{port}: {reason}") from exc
+    return str(found[0][4][0])
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -43,6 +43,8 @@ __all__ = [
 
 def _resolve(url: str | None) -> tuple[str, str, str]:
     """(url, scheme, display) of a store URL, defaulted and checked."""
+    if url is not None and not url.strip():
+        raise InvalidArgument("the store URL is empty: give one, or leave it out for the default")
     url = url or os.environ.get("IDMINT_STORE") or DEFAULT_STORE_URL
     display = redact(url)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""

@@ -60,6 +60,7 @@ from .._errors import (
     WorkersExhausted,
 )
 from .._fork import ForkAware, orphan
+from ..ids import is_digits
 from ._sql_leases import holder_name
 from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
@@ -199,7 +200,7 @@ def _hosts_and_ports(
         if not _HOST.fullmatch(host):
             raise bad(f"{item!r} is not host[:port] (cassandra://host1,host2:port/keyspace)")
         if port or item.endswith(":"):
-            if not port.isdigit() or not 0 < int(port) < 65536:
+            if not is_digits(port) or not 0 < int(port) < 65536:
                 raise bad(f"port {port!r} is not a number from 1 to 65535")
             ports.add(int(port))
         hosts.append(host.strip("[]"))
@@ -208,12 +209,12 @@ def _hosts_and_ports(
 
 def _replication(text: str, bad: Callable[[str], InvalidArgument]) -> dict[str, str]:
     """`3` -> SimpleStrategy with 3 replicas; `dc1:3,dc2:1` -> NetworkTopologyStrategy."""
-    if text.isdigit() and int(text) > 0:
+    if is_digits(text) and int(text) > 0:
         return {"class": "SimpleStrategy", "replication_factor": str(int(text))}
     replication = {"class": "NetworkTopologyStrategy"}
     for item in text.split(","):
         dc, colon, count = item.partition(":")
-        if not (colon and _DC.fullmatch(dc) and count.isdigit() and int(count) > 0):
+        if not (colon and _DC.fullmatch(dc) and is_digits(count) and int(count) > 0):
             raise bad(
                 f"replication {text!r}: a replica count (3), or datacenters with theirs "
                 "(dc1:3,dc2:3)"

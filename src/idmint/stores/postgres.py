@@ -19,6 +19,7 @@ import socket
 from typing import Any
 
 from .._errors import DriverMissing, InvalidArgument
+from ..ids import is_digits
 from ._deadline import WATCHDOG
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
@@ -130,6 +131,11 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     except psycopg.ProgrammingError as exc:
         why = scrub(" ".join(str(exc).split()), url)  # libpq may quote a piece of the password
         raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}") from exc
+    for port in str(given.get("port", "")).split(","):  # libpq takes a list, one per host
+        if port and not (is_digits(port) and 0 < int(port) < 65536):
+            raise InvalidArgument(
+                f"bad PostgreSQL URL {display_url!r}: port {port!r} is not a number from 1 to 65535"
+            )
 
     # TCP-level bounds, unless the URL sets its own: keepalives notice a peer gone silent on an
     # idle connection; tcp_user_timeout drops a connection whose sent data stays unacknowledged.

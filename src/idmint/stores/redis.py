@@ -43,6 +43,7 @@ from .._errors import (
     WorkerInUse,
     WorkersExhausted,
 )
+from ..ids import is_digits
 from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .cas_ranges import CasRangeStore
@@ -300,7 +301,7 @@ class RedisLeaseStore:
                 int(rest)
                 for key in self._client.scan_iter(match=_glob_escape(head) + "*", count=1000)
                 # the pattern also matches longer namespaces that start with this one
-                if (rest := cast(str, key)[len(head) :]).isdigit()
+                if is_digits(rest := cast(str, key)[len(head) :])
             )
             pipe = self._client.pipeline(transaction=True)  # one consistent snapshot
             for worker_id in ids:
@@ -564,7 +565,7 @@ def _parse(url: str, display: str) -> dict[str, Any]:
     if not parts.hostname:
         raise bad("it names no host")
     db = parts.path.strip("/") or "0"
-    if not db.isdigit():
+    if not is_digits(db):
         raise bad(f"the database must be a number, not {db!r}")
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     unknown = set(query) - {"prefix"}

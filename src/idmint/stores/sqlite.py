@@ -45,7 +45,13 @@ def sqlite_path(url: str) -> str:
             f"bad SQLite URL {redact(url)!r}: "
             "use sqlite:///relative/path.db or sqlite:////absolute/path.db"
         )
-    return url[len(prefix) :]
+    path = url[len(prefix) :]
+    if "?" in path or "#" in path:
+        raise InvalidArgument(
+            f"bad SQLite URL {redact(url)!r}: it takes no parameters (a file name with ? or # "
+            "is not supported)"
+        )
+    return path
 
 
 SQLITE_BUSY = 5  # the primary result code; extended codes (SQLITE_BUSY_RECOVERY...) add high bits
@@ -88,6 +94,13 @@ def sqlite_dialect(url: str, *, timeout: float) -> Dialect:
         conn = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
         try:
             set_wal(conn, timeout)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError):  # locked, unreadable: for now
+                raise
+            raise InvalidArgument(
+                f"store {redact(url)}: {path} is not a SQLite database ({exc})"
+            ) from exc
         except BaseException:
             conn.close()
             raise

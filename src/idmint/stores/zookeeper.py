@@ -53,7 +53,7 @@ from .._errors import (
     WorkersExhausted,
 )
 from .._fork import ForkAware, orphan
-from ..ids import check_key_name
+from ..ids import check_key_name, is_digits
 from ._sql_leases import holder_name
 from .base import (
     HorizonForgotten,
@@ -618,7 +618,7 @@ class ZooKeeperLeaseStore(ForkAware):
         shared = self._shared()
         reserved = set(shared.children(self._reserved_path(namespace)))
         rows = []
-        for name in sorted((c for c in shared.children(horizons) if c.isdigit()), key=int):
+        for name in sorted((c for c in shared.children(horizons) if is_digits(c)), key=int):
             try:
                 horizon, _ = _parse_horizon(shared.get(f"{horizons}/{name}")[0])
             except self._kz.no_node:

@@ -1,0 +1,155 @@
+"""What a newcomer hit (issue 12's list), each pinned by a test: bad input is one line on stderr
+and exit code 2, never a traceback; settings are read from where the docs say; nothing is
+created by a command that only reads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idmint import InvalidArgument
+from idmint.cli import main
+from idmint.server import App, ServerConfig
+from idmint.server.run import listen_address
+
+from test_app import call
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code, _, err = run(capsys, *args)
+    assert code == 2, (code, err)
+    assert err.startswith("idmint: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path) -> Any:
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    yield tmp_path
+    os.chdir(cwd)
+
+
+def test_serve_reads_every_setting_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    served: list[ServerConfig] = []
+    monkeypatch.setattr("idmint.server.run.serve", served.append)
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    for name, value in (
+        ("IDMINT_WAIT", "2.5"),
+        ("IDMINT_MAX_STEP", "5000"),
+        ("IDMINT_PRELOAD_AT", "0.3"),
+        ("IDMINT_SNOWFLAKE_LAYOUT", "sonyflake"),
+        ("IDMINT_SNOWFLAKE_NAMESPACE", "eu"),
+    ):
+        monkeypatch.setenv(name, value)
+    assert run(capsys, "--store", store, "serve")[0] == 0
+    config = served[0]
+    assert (config.wait, config.max_step, config.preload_at) == (2.5, 5000, 0.3)
+    assert (config.snowflake_layout, config.snowflake_namespace) == ("sonyflake", "eu")
+    (tmp_path / "idmint.toml").write_text("[server]\nwait = 9\nport = 9000\n")
+    run(capsys, "--store", store, "serve", "--config", str(tmp_path / "idmint.toml"))
+    assert (served[1].wait, served[1].port) == (2.5, 9000)  # the environment beats the file
+    for name, value, reason in (
+        ("IDMINT_WAIT", "abc", "bad value for wait: 'abc'"),
+        ("IDMINT_SNOWFLAKE_LAYOUT", "nope", "unknown layout 'nope'"),
+    ):
+        monkeypatch.setenv(name, value)
+        assert reason in one_line_error(capsys, "--store", store, "serve")
+        monkeypatch.delenv(name)
+
+
+def test_serve_listens_on_a_host_name_and_refuses_a_bad_one() -> None:
+    assert listen_address("localhost", 8080) in ("127.0.0.1", "::1")
+    assert listen_address("::1", 8080) == "::1"
+    assert listen_address("0.0.0.0", 8080) == "0.0.0.0"
+    for bad in ("999.1.1.1", "no-such-host.invalid", "a" * 300):
+        with pytest.raises(InvalidArgument, match=f"cannot listen on {bad[:20]}"):
+            listen_address(bad, 8080)
+
+
+def test_unicode_digits_are_not_ids_nor_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "'²' is not an id" in one_line_error(capsys, "decode", "²")
+    err = one_line_error(capsys, "--store", "redis://127.0.0.1:6379/²", "keys", "list")
+    assert "the database must be a number" in err
+
+
+def test_bare_groups_print_their_whole_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in ((), ("keys",), ("dc",)):
+        code, out, err = run(capsys, *args)
+        assert code == 2 and not err
+        assert out.startswith("Usage: idmint") and out.count("\n") > 5, out
+
+
+def test_store_urls_that_are_wrong_say_so(capsys: pytest.CaptureFixture[str], in_tmp: Path) -> None:
+    assert "the store URL is empty" in one_line_error(capsys, "--store", "", "keys", "list")
+    err = one_line_error(capsys, "--store", "sqlite:///x.db?mode=ro", "init")
+    assert "takes no parameters" in err
+    (in_tmp / "notes.db").write_text("not a database")
+    err = one_line_error(capsys, "--store", "sqlite:///notes.db", "keys", "list")
+    assert "notes.db is not a SQLite database" in err
+    err = one_line_error(capsys, "--store", "postgresql://u@127.0.0.1:99999/db", "keys", "list")
+    assert "port '99999' is not a number from 1 to 65535" in err
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["notes.db"]  # no x.db?mode=ro
+
+
+def test_commands_that_only_read_create_no_store(
+    capsys: pytest.CaptureFixture[str], in_tmp: Path
+) -> None:
+    for args in (("keys", "list"), ("keys", "show", "k"), ("workers", "list"), ("dc", "list")):
+        assert "no store at ./idmint.db" in one_line_error(capsys, *args)
+    assert not (in_tmp / "idmint.db").exists()
+    assert run(capsys, "init")[0] == 0
+    assert run(capsys, "keys", "list")[0] == 0
+
+
+def test_a_driver_logs_nothing_before_the_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--store", "zk://127.0.0.1:1/x", "--timeout", "1", "keys", "list")
+    assert code == 1 and not out
+    assert err.count("\n") == 1 and "unavailable" in err, err
+
+
+def test_decoding_a_negative_id_over_http_says_it_is_not_an_id(tmp_path: Path) -> None:
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'a.db'}"))
+    got = call(app, "GET", "/v1/snowflake/decode/-1")
+    assert got.status_code == 400 and "'-1' is not an id" in got.text
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_names_every_error_and_the_exports_it_uses() -> None:
+    import idmint
+
+    readme = (ROOT / "README.md").read_text()
+    errors = [
+        name
+        for name in idmint.__all__
+        if isinstance(getattr(idmint, name), type)
+        and issubclass(getattr(idmint, name), idmint.IdmintError)
+    ]
+    assert len(errors) > 10
+    missing = [name for name in errors if f"`{name}`" not in readme]
+    assert not missing, f"the README's error list lacks {missing}"
+    for name in ("Layout", "SnowflakeGenerator", "SnowflakeOptions", "open_quorum"):
+        assert name in idmint.__all__ and getattr(idmint, name)
+
+
+def test_the_package_says_its_license_and_the_docs_stay_in_the_repo() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"  # an SPDX expression, not the old table
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        assert "../shared" not in page.read_text(), f"{page.name} points outside the repo"
