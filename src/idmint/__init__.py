@@ -31,10 +31,12 @@ from ._errors import (
 )
 from ._minter import Minter, connect, open_quorum
 from .ids import ID_MAX, UINT31_MAX, Key, Range
+from .layout import Decoded, Layout
 from .stores import DEFAULT_STORE_URL, RangeStore, open_store
 from .strategies.datacenter import DatacenterRanges, DatacenterStatus, ReservationSizing
 from .strategies.quorum import QuorumGenerator, QuorumOptions, QuorumStats
 from .strategies.segment import SegmentGenerator, SegmentOptions, SegmentStats
+from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
 __version__ = "0.1.0"
 
@@ -63,6 +65,7 @@ __all__ = [
     "DatacenterRanges",
     "DatacenterRetired",
     "DatacenterStatus",
+    "Decoded",
     "DriverMissing",
     "Exhausted",
     "IdmintError",
@@ -70,6 +73,7 @@ __all__ = [
     "Key",
     "KeyExists",
     "KeyNotFound",
+    "Layout",
     "LeaseLost",
     "Minter",
     "QuorumGenerator",
@@ -83,6 +87,8 @@ __all__ = [
     "SegmentGenerator",
     "SegmentOptions",
     "SegmentStats",
+    "SnowflakeGenerator",
+    "SnowflakeOptions",
     "StoreUnavailable",
     "WorkerInUse",
     "WorkersExhausted",
