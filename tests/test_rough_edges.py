@@ -5,6 +5,9 @@ created by a command that only reads."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +156,38 @@ def test_the_package_says_its_license_and_the_docs_stay_in_the_repo() -> None:
     assert "Apache License" in (ROOT / "LICENSE").read_text()
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         assert "../shared" not in page.read_text(), f"{page.name} points outside the repo"
+
+
+def test_the_sdist_carries_the_tests_and_they_import(tmp_path: Path) -> None:
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--sdist",
+            "--no-isolation",
+            "-o",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (archive,) = tmp_path.glob("idmint-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path, filter="data")
+    unpacked = next(p for p in tmp_path.iterdir() if p.is_dir())
+    ours = {p.name for p in (ROOT / "tests").glob("*.py")}
+    assert {p.name for p in (unpacked / "tests").glob("*.py")} == ours
+    assert (unpacked / "LICENSE").is_file() and (unpacked / ".ci" / "install").is_file()
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=unpacked,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
+    assert "error" not in collected.stdout.lower().splitlines()[-1]
