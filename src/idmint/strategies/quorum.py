@@ -493,7 +493,8 @@ class QuorumCounter(ForkAware):
         check_count(count)
         self._check_fork()
         options = self.options
-        give_up = time.monotonic() + options.deadline
+        began = time.monotonic()
+        give_up = began + options.deadline
         wait_cap = options.first_wait
         with self._lock:
             while True:
@@ -528,10 +529,16 @@ class QuorumCounter(ForkAware):
                     if seen:  # a fresh counter's first refusal only tells it where the key is
                         self._spread = min(self._spread * 2, MAX_SPREAD)
                     self._guess = max(end + 1, max(s.health.counter for s in self._slots) + 1)
-                # Then a random wait, doubling with each loss: fewer callers race at once.
-                pause = _jitter.uniform(0, wait_cap)
-                wait_cap = min(wait_cap * 2, options.longest_wait)
-                time.sleep(max(0, min(give_up - time.monotonic(), pause)))
+                # Then a random wait, doubling with each loss: fewer callers race at once. But
+                # a round every node refused only had a stale start, which their answers just
+                # corrected; a caller that waited after each of those would be stale again each
+                # time, and could starve behind busy ones until its deadline. So once a request
+                # has waited longer than a round may, such a round goes again at once.
+                stale = outcome.refused and not outcome.applied
+                if not (stale and time.monotonic() - began > options.round_wait):
+                    pause = _jitter.uniform(0, wait_cap)
+                    wait_cap = min(wait_cap * 2, options.longest_wait)
+                    time.sleep(max(0, min(give_up - time.monotonic(), pause)))
                 if time.monotonic() >= give_up:
                     raise QuorumUnavailable(
                         f"quorum key {self.key!r}: no majority ({self.majority} of "
