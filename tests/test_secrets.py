@@ -20,6 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from idmint import InvalidArgument
 from idmint.cli import main
 from idmint.stores import open_lease_store, open_store, redact
 
@@ -281,11 +282,14 @@ def test_a_store_object_shows_no_secret() -> None:
     for url in (
         f"postgresql://app:{SECRET}@127.0.0.1:1/app?sslpassword={SECRET}",
         f"mysql://app:{SECRET}@127.0.0.1:1/app",
-        f"sqlite:///app.db?password={SECRET}",
         f"cassandra://app:{SECRET}@127.0.0.1:1/k",
     ):
         for store in (open_store(url), open_lease_store(url)):
             assert SECRET not in repr(store) + repr(vars(store)) + store.display_url
+    # A SQLite URL takes no parameters: refused, and the refusal shows none of the secret.
+    with pytest.raises(InvalidArgument, match="takes no parameters") as refused:
+        open_store(f"sqlite:///app.db?password={SECRET}")
+    assert SECRET not in str(refused.value)
     for url in (f"redis://:{SECRET}@127.0.0.1:1/0", "etcd://127.0.0.1:1", "zk://127.0.0.1:1"):
         store = open_lease_store(url)
         assert SECRET not in repr(store) + repr(vars(store)) + store.display_url

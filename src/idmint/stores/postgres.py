@@ -133,9 +133,10 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}") from exc
     for port in str(given.get("port", "")).split(","):  # libpq takes a list, one per host
         if port and not (is_digits(port) and 0 < int(port) < 65536):
-            raise InvalidArgument(
-                f"bad PostgreSQL URL {display_url!r}: port {port!r} is not a number from 1 to 65535"
-            )
+            # What libpq took for a port may be a piece of a password with an unencoded "/"
+            # in it: scrubbed, like libpq's own messages.
+            why = scrub(f"port {port!r} is not a number from 1 to 65535", url)
+            raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}")
 
     # TCP-level bounds, unless the URL sets its own: keepalives notice a peer gone silent on an
     # idle connection; tcp_user_timeout drops a connection whose sent data stays unacknowledged.
