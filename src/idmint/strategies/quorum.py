@@ -151,6 +151,14 @@ class NodeHealth:
     in_flight: bool = False  # a call still runs (a slow or hung node: left out of rounds)
     refused: str | None = None  # why it is never used (unsafe, or a duplicate of another)
 
+    def answered(self, counter: int) -> None:
+        self.up, self.last_ok_at, self.last_error = True, time.time(), None
+        self.counter = max(self.counter, counter)
+
+    def failed(self, error: BaseException) -> None:
+        self.up = False
+        self.last_error = " ".join(str(error).split())[:300]
+
 
 @dataclass(frozen=True)
 class QuorumStats:
@@ -242,7 +250,6 @@ class _Slot:
 
 @dataclass
 class _Outcome:
-    won: bool = False
     applied: int = 0  # nodes that took the claim
     refused: int = 0  # nodes that answered no
     errors: list[str] = field(default_factory=list)
@@ -277,10 +284,6 @@ class QuorumCounter(ForkAware):
         self._lock = threading.Lock()
         for slot in self._slots:
             slot.forget_threads()
-
-    @property
-    def nodes(self) -> list[QuorumNode]:
-        return [s.node for s in self._slots]
 
     # -- node checks -------------------------------------------------------------------------
 
@@ -346,12 +349,9 @@ class QuorumCounter(ForkAware):
                 return False, 0
             applied, counter = slot.node.claim(self.key, *claim)
         except Exception as exc:
-            slot.health.up = False
-            slot.health.last_error = " ".join(str(exc).split())[:300]
+            slot.health.failed(exc)
             raise
-        health = slot.health
-        health.up, health.last_ok_at = True, time.time()
-        health.counter = max(health.counter, counter)
+        slot.health.answered(counter)
         return applied, counter
 
     # -- rounds ------------------------------------------------------------------------------
@@ -383,7 +383,6 @@ class QuorumCounter(ForkAware):
                 outcome.applied += 1
             else:
                 outcome.refused += 1
-        outcome.won = outcome.applied >= self.majority
         return outcome
 
     # -- multiplexed rounds ------------------------------------------------------------------
@@ -431,7 +430,6 @@ class QuorumCounter(ForkAware):
                     outcome.applied += 1
                 else:
                     outcome.refused += 1
-        outcome.won = outcome.applied >= self.majority
         return outcome
 
     def _mux_receive(self, slot: _Slot) -> bool | Exception:
@@ -448,9 +446,7 @@ class QuorumCounter(ForkAware):
             error = StoreUnavailable(f"answered the claim from {echoed}, not from {expected}")
             self._mux_failed(slot, error)
             return error
-        health = slot.health
-        health.up, health.last_ok_at, health.last_error = True, time.time(), None
-        health.counter = max(health.counter, counter)
+        slot.health.answered(counter)
         return applied
 
     def _drain(self, slot: _Slot) -> bool:
@@ -467,9 +463,8 @@ class QuorumCounter(ForkAware):
     def _mux_failed(self, slot: _Slot, error: Exception) -> None:
         cast(MultiplexedQuorumNode, slot.node).mux_reset()
         slot.outstanding = None
-        health = slot.health
-        health.up, health.in_flight = False, False
-        health.last_error = " ".join(str(error).split())[:300]
+        slot.health.in_flight = False
+        slot.health.failed(error)
 
     def _prepare(self, slot: _Slot) -> None:
         """Check and connect the node on its own thread (once at a time)."""
@@ -482,8 +477,7 @@ class QuorumCounter(ForkAware):
         try:
             cast(MultiplexedQuorumNode, slot.node).mux_connect()
         except Exception as exc:
-            slot.health.up = False
-            slot.health.last_error = " ".join(str(exc).split())[:300]
+            slot.health.failed(exc)
             raise
         return False, 0
 
@@ -510,7 +504,7 @@ class QuorumCounter(ForkAware):
                 wait_until = min(give_up, time.monotonic() + options.round_wait)
                 round_ = self._mux_round if self._multiplexed else self._round
                 outcome = round_(start, end, max(wait_until, time.monotonic() + 0.001))
-                if outcome.won:
+                if outcome.applied >= self.majority:
                     self._guess = end + 1
                     self._spread = max(1.0, self._spread * 0.95)
                     self.rounds += 1
