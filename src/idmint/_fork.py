@@ -34,6 +34,7 @@ class ForkAware(abc.ABC):
     """A base for objects that must start afresh in a forked child: they call `_watch_fork()`
     when made, `_check_fork()` on slow paths, and implement `_after_fork()`."""
 
+    __slots__ = ("__weakref__", "_pid")  # subclasses may use slots (the WeakSet needs weakrefs)
     _pid: int
 
     def _watch_fork(self) -> None:

@@ -60,6 +60,7 @@ from .._fork import ForkAware
 from ..ids import DEFAULT_FIRST_ID, Allocation, Key, Range
 from ..stores.base import CasStore, StoreIdentity
 from ..stores.cas_ranges import Backoff, cas_update
+from .refills import RefillPool, shared_pool
 
 log = logging.getLogger("idmint.datacenter")
 
@@ -398,6 +399,7 @@ class DatacenterRanges(ForkAware):
         *,
         backoff: Backoff | None = None,
         clock_ms: Callable[[], int] = _now_ms,
+        pool: RefillPool | None = None,
     ) -> None:
         if (dc is None) != (local_cas is None):
             raise InvalidArgument("a datacenter needs both its name and its store")
@@ -410,6 +412,7 @@ class DatacenterRanges(ForkAware):
         self.backoff = backoff or Backoff()
         self.counts = DatacenterCounts()
         self._clock_ms = clock_ms
+        self._pool = pool or shared_pool()
         self._lock = threading.Lock()
         self._preloading: set[str] = set()
         self._spent_until: dict[str, float] = {}  # key -> monotonic time: global space gone
@@ -699,48 +702,53 @@ class DatacenterRanges(ForkAware):
         return applied
 
     def _preload_in_background(self, name: str) -> None:
-        """Start a background grant for `name` unless one runs in this process (or the key's
-        global space was found spent a moment ago). It retries while the global store is out
-        of reach, until the grant is in or this store closes."""
+        """Queue a background grant for `name` on the refill pool unless one is under way in
+        this process (or the key's global space was found spent a moment ago). It retries while
+        the global store is out of reach, until the grant is in or this store closes."""
         with self._lock:
             if name in self._preloading or self._stopping.is_set():
                 return
             if self._spent_until.get(name, 0.0) > time.monotonic():
                 return
             self._preloading.add(name)
-        threading.Thread(
-            target=self._preload, args=(name,), name=f"idmint-dc-preload-{name}", daemon=True
-        ).start()
+        self._pool.submit(_Preload(self, name))
 
-    def _preload(self, name: str) -> None:
-        delay = 0.1
+    def _preload_due(self, name: str) -> float:
+        """When the datacenter's reservation of `name` runs dry at its rate, as this process
+        last saw it (now if it cannot tell). Takes no lock (see RefillJob)."""
+        now = time.monotonic()
+        row = self._seen.get(name)
+        rate = row.rate(self._clock_ms()) if row is not None else None
+        return now + row.left / rate if row is not None and rate else now
+
+    def _preload(self, name: str, delay: float) -> float | None:
+        """One try of a background grant: None when done, else seconds until the next try."""
+        again: float | None = None
         try:
-            while not self._stopping.is_set():
-                try:
-                    self.reserve(name)
-                    return
-                except (Exhausted, KeyNotFound, InvalidArgument, LostReservations) as exc:
-                    # Asking again will not help; the process that runs dry says why.
-                    log.error("key %r: datacenter %s cannot preload: %s", name, self.dc, exc)
-                    return
-                except IdmintError as exc:  # StoreUnavailable: cut off, or a store is down
-                    self._count(preload_failures=1)
-                    log.warning(
-                        "key %r: datacenter %s cannot preload its next reservation, retrying "
-                        "in %.1f s: %s",
-                        name,
-                        self.dc,
-                        delay,
-                        exc,
-                    )
-                except Exception:  # an unmapped driver error: report it, keep trying
-                    self._count(preload_failures=1)
-                    log.exception("key %r: datacenter %s: preload failed", name, self.dc)
-                self._stopping.wait(delay)
-                delay = min(delay * 2, 30.0)
-        finally:
+            if not self._stopping.is_set():
+                self.reserve(name)
+        except (Exhausted, KeyNotFound, InvalidArgument, LostReservations) as exc:
+            # Asking again will not help; the process that runs dry says why.
+            log.error("key %r: datacenter %s cannot preload: %s", name, self.dc, exc)
+        except IdmintError as exc:  # StoreUnavailable: cut off, or a store is down
+            self._count(preload_failures=1)
+            log.warning(
+                "key %r: datacenter %s cannot preload its next reservation, retrying in %.1f s: %s",
+                name,
+                self.dc,
+                delay,
+                exc,
+            )
+            again = delay
+        except Exception:  # an unmapped driver error: report it, keep trying
+            self._count(preload_failures=1)
+            log.exception("key %r: datacenter %s: preload failed", name, self.dc)
+            again = delay
+        if again is None or self._stopping.is_set():
             with self._lock:
                 self._preloading.discard(name)
+            return None
+        return again
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -982,6 +990,24 @@ class DatacenterRanges(ForkAware):
         self.global_cas.close()
         if self._local_cas is not None and self._local_cas is not self.global_cas:
             self._local_cas.close()
+
+
+class _Preload:
+    """A background grant of one key, as a refill pool job, with its back-off."""
+
+    __slots__ = ("delay", "name", "ranges")
+
+    def __init__(self, ranges: DatacenterRanges, name: str) -> None:
+        self.ranges, self.name, self.delay = ranges, name, 0.1
+
+    def refill_due(self) -> float:
+        return self.ranges._preload_due(self.name)
+
+    def run_refill(self) -> float | None:
+        again = self.ranges._preload(self.name, self.delay)
+        if again is not None:
+            self.delay = min(self.delay * 2, 30.0)
+        return again
 
 
 def _carve(top: GlobalRow, size: int) -> tuple[int | None, int, tuple[tuple[int, int], ...], int]:

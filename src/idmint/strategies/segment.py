@@ -1,8 +1,9 @@
 """Segment ids: ranges taken from a store's counter, served from memory.
 
 A generator holds the range it is serving (the *current* segment) and, once 10% of it is used,
-loads the *next* one on a background thread (Leaf's double buffer), so a caller waits for the
-store only when both are gone.
+loads the *next* one in the background (Leaf's double buffer), so a caller waits for the store
+only when both are gone. The loading runs on the process's refill pool (refills.py): a few
+threads for every generator, the one closest to running dry first.
 
 The hot path takes no lock. Each segment draws ids from an `itertools.count`, whose `next()` is
 atomic under the GIL, and compares the draw with the segment's `limit`, which is read *after*
@@ -18,7 +19,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,8 +36,10 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._fork import ForkAware, private_random
+from .._sync import WaitableLock
 from ..ids import Allocation, Range, check_count, check_key_name, check_stripe
 from ..stores.base import RangeStore
+from .refills import RefillPool, shared_pool
 
 log = logging.getLogger("idmint.segment")
 
@@ -173,6 +175,42 @@ class SegmentGenerator(ForkAware):
         gen.close()           # gives the unused tail back
     """
 
+    # Slots, not a __dict__: a server may hold 100,000 generators (see bench/keys.py).
+    __slots__ = (
+        "_backoff",
+        "_clock",
+        "_closed",
+        "_cond",
+        "_conflicts",
+        "_error",
+        "_error_at",
+        "_failing_since",
+        "_given_back",
+        "_issued_before",
+        "_key_step",
+        "_last_refill_at",
+        "_last_refill_seconds",
+        "_last_taken_at",
+        "_loading",
+        "_lost",
+        "_next",
+        "_pool",
+        "_refill_seconds_total",
+        "_refilling",
+        "_refills",
+        "_seg",
+        "_seg_since",
+        "_spent_stripes",
+        "_step",
+        "_store",
+        "_stripe",
+        "_stripes",
+        "_taken",
+        "_taken_up_to",
+        "key",
+        "options",
+    )
+
     def __init__(
         self,
         store: RangeStore,
@@ -180,11 +218,13 @@ class SegmentGenerator(ForkAware):
         options: SegmentOptions | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        pool: RefillPool | None = None,
     ) -> None:
         self.key = check_key_name(key)
         self.options = options or SegmentOptions()
         self._store = store
         self._clock = clock
+        self._pool = pool or shared_pool()
         self._closed = False
         self._fresh_state()
         self._watch_fork()
@@ -193,12 +233,15 @@ class SegmentGenerator(ForkAware):
 
     def _fresh_state(self) -> None:
         """Nothing held, nothing issued, no refiller: a new generator, or a forked child's."""
-        self._cond = threading.Condition()
+        self._cond = WaitableLock()
         self._seg = _Segment(Range(0, 0), 0.0)  # empty: the first call takes the slow path
         self._next: _Segment | None = None
-        self._stopping = threading.Event()  # cuts a refill's back-off short on close
-        self._refill_thread: threading.Thread | None = None
+        self._seg_since = 0.0  # when the current segment began serving (its rate, for urgency)
+        # A refill asked of the pool (queued, loading or backing off), and one loading now.
         self._refilling = False
+        self._loading = False
+        self._backoff = 0.0
+        self._failing_since: float | None = None
         self._error: IdmintError | None = None
         self._error_at = 0.0
         self._lost: CounterWentBack | None = None  # final: the store lost data
@@ -208,7 +251,7 @@ class SegmentGenerator(ForkAware):
         # generator takes ranges from, those it found exhausted, and the conflicts it met.
         self._stripes: int | None = None
         self._stripe = 0
-        self._spent_stripes: set[int] = set()
+        self._spent_stripes: frozenset[int] = frozenset()  # the empty one is shared
         self._conflicts = 0
         # Dynamic step: the step of the last range and when it was taken.
         self._step: int | None = None
@@ -225,7 +268,7 @@ class SegmentGenerator(ForkAware):
 
     def _after_fork(self) -> None:
         # The parent goes on serving its ranges: the child drops them, never gives them back,
-        # and takes its own on its first call (the refiller thread did not survive the fork).
+        # and takes its own on its first call (the parent's refill job is the parent's).
         closed = self._closed
         self._fresh_state()
         self._closed = closed
@@ -313,6 +356,7 @@ class SegmentGenerator(ForkAware):
             if self._next is not None:
                 self._issued_before += len(spent)
                 self._seg, self._next = self._next, None
+                self._seg_since = time.monotonic()
                 return
             # A failing refill (still retrying, just failed, or the one we waited for) answers
             # for the store: fail fast rather than make every caller wait out the bound.
@@ -364,22 +408,23 @@ class SegmentGenerator(ForkAware):
     # -- refills -----------------------------------------------------------------------------
 
     def _start_refill(self) -> None:
-        """Ask the refiller thread for the next range. Called with `_cond` held.
-
-        The thread is made once, here in the constructor's call: starting a thread blocks the
-        caller until the new thread runs, which would cost the hot path a millisecond.
-        """
+        """Ask the refill pool for the next range. Called with `_cond` held."""
         if self._lost is not None:
             return  # never again from a store that lost data
         self._refilling = True
         self._error = None
-        if self._refill_thread is None:
-            self._refill_thread = threading.Thread(
-                target=self._refiller, name=f"idmint-refill-{self.key}", daemon=True
-            )
-            self._refill_thread.start()
-        else:
-            self._cond.notify_all()
+        self._pool.submit(self)
+
+    def refill_due(self) -> float:
+        """When this generator runs dry at its current rate (see RefillJob): now if the
+        current segment is spent or was never loaded. Reads without the lock (see RefillJob)."""
+        now = time.monotonic()
+        seg = self._seg
+        left = len(seg.range(seg.position()))
+        used = len(seg) - left
+        if not left or not used:
+            return now if not left else now + self.options.grow_below
+        return now + left * (now - self._seg_since) / used
 
     def _choose_step(self) -> int | None:
         """Leaf's dynamic step: double while ranges last under `grow_below`, halve when one
@@ -394,71 +439,70 @@ class SegmentGenerator(ForkAware):
             return max(self._key_step, self._step // 2)
         return max(self._key_step, self._step)
 
-    def _refiller(self) -> None:
-        """The refiller thread: loads a range each time one is asked for, until close."""
-        while True:
-            with self._cond:
-                while not self._refilling and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    self._refilling = False
-                    self._cond.notify_all()
-                    return
-                step = self._choose_step()
-            self._refill(step)
-
-    def _refill(self, step: int | None) -> None:
-        """Load one range, retrying store failures with back-off. Always ends with
-        `_refilling` False: a range installed, a final error stored, or the generator closed."""
-        backoff = 0.01
-        failing_since: float | None = None
-        while not self._stopping.is_set():
-            started = time.monotonic()
-            try:
-                taken = self._allocate(step)
-            except StoreUnavailable as exc:
-                error: IdmintError = exc
-            except IdmintError as exc:  # KeyNotFound, Exhausted: retrying will not help
-                with self._cond:
-                    self._error, self._error_at = exc, time.monotonic()
-                    self._refilling = False
-                    self._cond.notify_all()
-                return
-            except Exception as exc:  # an unmapped driver error: report it, keep trying
-                log.exception("unexpected error loading a range for key %r", self.key)
-                error = StoreUnavailable(f"{type(exc).__name__}: {exc}")
-            else:
-                taken_up_to = self._taken_up_to.get((taken.key.stripe, taken.epoch), 0)
-                if taken.range.start < taken_up_to:
-                    # Counters only move up, and a give-back never reaches below a range
-                    # someone took after it: this store forgot what it handed out.
-                    lost = CounterWentBack(self.key, taken.range.start, taken_up_to)
-                    log.error("%s", lost)
-                    with self._cond:
-                        self._lost = self._error = lost
-                        self._error_at = time.monotonic()
-                        self._refilling = False
-                        self._cond.notify_all()
-                    return
-                with self._cond:
-                    self._taken_up_to[(taken.key.stripe, taken.epoch)] = taken.range.stop
-                    self._install(taken.range, step or taken.key.step, taken.key.step, started)
-                    self._refilling = False
-                    self._cond.notify_all()
-                if failing_since is not None:
-                    log.warning("key %r: the store answers again", self.key)
-                return
-            with self._cond:
-                self._error, self._error_at = error, time.monotonic()
-                self._cond.notify_all()
-            if failing_since is None:
-                failing_since = started
-                log.warning("key %r: cannot load a range, retrying: %s", self.key, error)
-            self._stopping.wait(backoff * _jitter.uniform(0.5, 1.5))
-            backoff = min(backoff * 2, 1.0)
+    def run_refill(self) -> float | None:
+        """The pool runs this: load one range (see RefillJob). Ends `_refilling` unless the
+        store failed and the pool is to run it again after the returned back-off."""
         with self._cond:
-            self._refilling = False
+            if self._closed or not self._refilling:
+                self._refilling = False
+                self._cond.notify_all()
+                return None
+            self._loading = True
+            step = self._choose_step()
+        try:
+            return self._refill(step)
+        finally:
+            with self._cond:
+                self._loading = False
+                self._cond.notify_all()
+
+    def _refill(self, step: int | None) -> float | None:
+        """Load one range: None when done (a range installed or a final error stored), else
+        the seconds to back off before trying again (the store failed)."""
+        started = time.monotonic()
+        try:
+            taken = self._allocate(step)
+        except StoreUnavailable as exc:
+            error: IdmintError = exc
+        except IdmintError as exc:  # KeyNotFound, Exhausted: retrying will not help
+            with self._cond:
+                self._error, self._error_at = exc, time.monotonic()
+                self._refilling = False
+                self._cond.notify_all()
+            return None
+        except Exception as exc:  # an unmapped driver error: report it, keep trying
+            log.exception("unexpected error loading a range for key %r", self.key)
+            error = StoreUnavailable(f"{type(exc).__name__}: {exc}")
+        else:
+            taken_up_to = self._taken_up_to.get((taken.key.stripe, taken.epoch), 0)
+            if taken.range.start < taken_up_to:
+                # Counters only move up, and a give-back never reaches below a range
+                # someone took after it: this store forgot what it handed out.
+                lost = CounterWentBack(self.key, taken.range.start, taken_up_to)
+                log.error("%s", lost)
+                with self._cond:
+                    self._lost = self._error = lost
+                    self._error_at = time.monotonic()
+                    self._refilling = False
+                    self._cond.notify_all()
+                return None
+            with self._cond:
+                self._taken_up_to[(taken.key.stripe, taken.epoch)] = taken.range.stop
+                self._install(taken.range, step or taken.key.step, taken.key.step, started)
+                self._refilling = False
+                self._cond.notify_all()
+            if self._failing_since is not None:
+                log.warning("key %r: the store answers again", self.key)
+                self._failing_since, self._backoff = None, 0.0
+            return None
+        with self._cond:
+            self._error, self._error_at = error, time.monotonic()
             self._cond.notify_all()
+        if self._failing_since is None:
+            self._failing_since = started
+            log.warning("key %r: cannot load a range, retrying: %s", self.key, error)
+        self._backoff = min(self._backoff * 2, 1.0) if self._backoff else 0.01
+        return self._backoff * _jitter.uniform(0.5, 1.5)
 
     def _allocate(self, step: int | None) -> Allocation:
         """Take a range from this generator's stripe. The first allocation tells the key's
@@ -473,7 +517,7 @@ class SegmentGenerator(ForkAware):
                 if exc.stripe is None or not exc.stripes:
                     raise
                 self._learn_stripes(exc.stripes, exc.stripe)
-                self._spent_stripes.add(self._stripe)
+                self._spent_stripes |= {self._stripe}
                 if not self._move_stripe():
                     raise Exhausted(self.key, exc.last_id) from exc
                 continue
@@ -525,15 +569,14 @@ class SegmentGenerator(ForkAware):
             if self._closed:
                 return []
             self._closed = True
-            self._stopping.set()
             tail = self._seg.retire()
             self._issued_before += (tail.start - self._seg.start) // tail.stride
             self._cond.notify_all()
-            refill = self._refill_thread
-        if refill is not None:
             # A range arriving now would be wasted: wait a little for it so it can go back too.
-            refill.join(self.options.wait)
-        with self._cond:
+            # (A refill still queued or backing off sees the close when it runs, and stops.)
+            deadline = time.monotonic() + self.options.wait
+            while self._loading and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
             held = [tail] + ([self._next.range()] if self._next else [])
             self._next = None
         if not self.options.give_back:
