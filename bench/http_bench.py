@@ -59,14 +59,16 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 20) -> Non
 
 
 @contextlib.contextmanager
-def running(args: list[str], url: str, cwd: Path | None = None) -> Iterator[None]:
+def running(
+    args: list[str], url: str, cwd: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """A server process for the length of the block, stopped however the block ends."""
     proc = subprocess.Popen(
         args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     try:
         wait_up(url, proc)
-        yield
+        yield proc
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

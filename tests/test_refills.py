@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -10,14 +11,17 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 import idmint
-from idmint import InvalidArgument, SegmentGenerator, SegmentOptions
+from idmint import InvalidArgument, Minter, SegmentGenerator, SegmentOptions
 from idmint._sync import WaitableLock
+from idmint.server import App, ServerConfig
 from idmint.strategies.refills import RefillPool
 
 from checks import assert_unique
+from faulty import FaultyStore
 
 
 class Job:
@@ -145,7 +149,8 @@ import idmint
 from idmint import SegmentGenerator, SegmentOptions
 minter = idmint.connect(sys.argv[1])
 names = json.loads(sys.argv[2])
-gens = {n: SegmentGenerator(minter.store, n, SegmentOptions(max_step=20)) for n in names}
+options = SegmentOptions(max_step=20, wait=30)  # uniqueness, not latency, is tested
+gens = {n: SegmentGenerator(minter.store, n, options) for n in names}
 rng = random.Random()
 got = {n: [] for n in names}
 for _ in range(3000):
@@ -210,3 +215,58 @@ def test_a_waitable_lock_wakes_its_waiters_and_keeps_no_condition_after() -> Non
     assert lock._cond is None  # the ~1.4 KB Condition lives only while someone waits
     with lock:
         assert lock.wait(0.01) is False
+
+
+def _get_all(app: App, paths: list[str]) -> list[httpx.Response]:
+    async def go() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://idmint") as http:
+            return await asyncio.gather(*(http.get(p) for p in paths))
+
+    return asyncio.run(go())
+
+
+def serving(app: App, keys: int) -> App:
+    """The app once started, as a server starts it: it has read every key's row."""
+    app.startup()
+    deadline = time.monotonic() + 10
+    while len(app._key_rows) < keys:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return app
+
+
+def test_requests_for_cold_keys_wait_on_the_event_loop_not_on_threads(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cold.db'}"
+    minter = idmint.connect(url)
+    names = [f"c{i}" for i in range(150)]
+    for name in names:
+        minter.add_key(name, step=4, start=1)
+    app = serving(App(ServerConfig(store=url, refill_threads=2, warm_keys=0)), len(names))
+    paths = [f"/api/segment/get/{n}" for n in names] + [f"/v1/keys/{n}/ids?count=9" for n in names]
+    answers = _get_all(app, paths)
+    assert [a.status_code for a in answers] == [200] * len(paths)
+    for i, name in enumerate(names):
+        ids = [int(answers[i].text), *answers[len(names) + i].json()["ids"]]
+        assert assert_unique(ids) == 10 and set(ids) <= set(range(1, 100)), (name, ids)
+    assert app.pools["id"]._started == 0  # 300 waits, no request thread
+    app.shutdown()
+
+
+def test_a_slow_store_answers_503_within_the_wait_and_holds_no_thread(tmp_path: Path) -> None:
+    inner = idmint.connect(f"sqlite:///{tmp_path / 'slow.db'}")
+    inner.add_key("slow", step=10, start=1)
+    slow = FaultyStore(inner.store)
+    slow.delay = 3.0
+    options = SegmentOptions(wait=0.4)
+    app = serving(
+        App(ServerConfig(wait=0.4, warm_keys=0), minter=Minter(slow, segment_options=options)), 1
+    )
+    started = time.monotonic()
+    answers = _get_all(app, ["/api/segment/get/slow", "/v1/keys/slow/ids?count=5"])
+    assert time.monotonic() - started < 2.0
+    for answer in answers:
+        assert answer.status_code == 503
+        assert "gave no range within 0.4 s" in answer.text
+    assert app.pools["id"]._started == 0
+    app.shutdown()

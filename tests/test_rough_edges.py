@@ -54,18 +54,23 @@ def test_serve_reads_every_setting_from_the_environment(
         ("IDMINT_PRELOAD_AT", "0.3"),
         ("IDMINT_SNOWFLAKE_LAYOUT", "sonyflake"),
         ("IDMINT_SNOWFLAKE_NAMESPACE", "eu"),
+        ("IDMINT_REFILL_THREADS", "8"),
+        ("IDMINT_WARM_KEYS", "0"),
     ):
         monkeypatch.setenv(name, value)
     assert run(capsys, "--store", store, "serve")[0] == 0
     config = served[0]
     assert (config.wait, config.max_step, config.preload_at) == (2.5, 5000, 0.3)
     assert (config.snowflake_layout, config.snowflake_namespace) == ("sonyflake", "eu")
+    assert (config.refill_threads, config.warm_keys) == (8, 0)
     (tmp_path / "idmint.toml").write_text("[server]\nwait = 9\nport = 9000\n")
     run(capsys, "--store", store, "serve", "--config", str(tmp_path / "idmint.toml"))
     assert (served[1].wait, served[1].port) == (2.5, 9000)  # the environment beats the file
     for name, value, reason in (
         ("IDMINT_WAIT", "abc", "bad value for wait: 'abc'"),
         ("IDMINT_SNOWFLAKE_LAYOUT", "nope", "unknown layout 'nope'"),
+        ("IDMINT_REFILL_THREADS", "0", "refill threads must be from 1 to 256, not 0"),
+        ("IDMINT_WARM_KEYS", "-1", "warm_keys must be from 0 to 1000000, not -1"),
     ):
         monkeypatch.setenv(name, value)
         assert reason in one_line_error(capsys, "--store", store, "serve")

@@ -289,3 +289,13 @@ def test_try_next_never_waits(memory: MemoryRangeStore) -> None:
     assert gen.try_next_id() is None
     assert gen.next_id() == 31
     gen.close()
+
+
+def test_issued_without_the_lock_agrees_with_stats(memory: MemoryRangeStore) -> None:
+    memory.add_key("counted", step=10, first_id=1, last_id=10**6)
+    gen = SegmentGenerator(memory, "counted")
+    assert gen.issued() == 0
+    gen.next_ids(37)  # across several ranges
+    assert gen.issued() == gen.stats().issued == 37
+    gen.close()
+    assert gen.issued() == gen.stats().issued == 37

@@ -500,6 +500,18 @@ def _print_ids(taken: Range) -> None:
     default=None,
     help="HTTP/1.1 keep-alive [default: on].",
 )
+@click.option(
+    "--refill-threads",
+    envvar="IDMINT_REFILL_THREADS",
+    type=int,
+    help="Threads loading every key's next range, soonest dry first [default: 4].",
+)
+@click.option(
+    "--warm-keys",
+    envvar="IDMINT_WARM_KEYS",
+    type=int,
+    help="Keys that take a range at start; the rest start on first use [default: 1000].",
+)
 @dc_options()
 @quorum_options
 @click.option(
@@ -525,6 +537,8 @@ def serve(
     backlog: int | None,
     header_timeout: float | None,
     keep_alive: bool | None,
+    refill_threads: int | None,
+    warm_keys: int | None,
     dc: str | None,
     dc_store: str | None,
     quorum: str | None,
@@ -556,6 +570,8 @@ def serve(
         "backlog": backlog,
         "header_timeout": header_timeout,
         "keep_alive": keep_alive,
+        "refill_threads": refill_threads,
+        "warm_keys": warm_keys,
         "dc": dc,
         "dc_store": dc_store,
         "quorum": quorum,

@@ -8,6 +8,8 @@ store has a deadline (pools.py), so a hung store holds up no route behind anothe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import functools
 import hmac
@@ -53,6 +55,7 @@ from ..ids import (
 from ..layout import layout_named
 from ..stores.base import STORE_HEADER, StoreIdentity
 from ..strategies.quorum import QuorumGenerator, QuorumOptions, split_nodes
+from ..strategies.refills import set_shared_threads
 from ..strategies.segment import SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
@@ -76,7 +79,6 @@ MAX_RANGE = BATCH_CAP_MAX
 MAX_QUORUM = 1_000_000  # ids per quorum request: a range, however many
 MAX_BODY = 64 * 1024
 NEGATIVE_CACHE_SECONDS = 1.0
-MAX_WARM_KEYS = 1000  # each generator has a refiller thread
 # Threads, and jobs queued or running, per pool (see pools.py): the id routes' slow path
 # (waiting for a range, unknown keys, whole ranges, the snowflake generator), key admin, and
 # the probes (readiness, metrics, stats).
@@ -202,6 +204,17 @@ async def _read_body(length: str | None, proto: Any) -> bytes | None:
     return b"".join(parts)
 
 
+def _wake(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+    """Settle `future` on its loop, from a refill thread."""
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+        loop.call_soon_threadsafe(_settle, future)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _check_cap(row: Key, asked: int, what: str) -> None:
     """Refuse a request for more ids than the key's batch cap, naming the cap (also in a
     header, for clients that size their requests by it)."""
@@ -278,6 +291,7 @@ class App:
 
     def __init__(self, config: ServerConfig | None = None, minter: Minter | None = None) -> None:
         self.config = config or ServerConfig.from_env()
+        set_shared_threads(self.config.refill_threads)
         self._minter = minter
         self.options = SegmentOptions(
             wait=self.config.wait,
@@ -391,7 +405,7 @@ class App:
             log.warning("cannot list keys to warm up (they warm up on first use): %s", exc)
             return
         self._keep_rows(keys)
-        for key in keys[:MAX_WARM_KEYS]:
+        for key in keys[: self.config.warm_keys]:
             if self.shutting_down:
                 return
             self._gens.setdefault(key.name, self.minter.segment(key.name))
@@ -402,7 +416,7 @@ class App:
         while not self._stopped.wait(RATE_WINDOW):
             now = time.monotonic()
             for name, gen in list(self._gens.items()):
-                self._rates.setdefault(name, RateMeter()).update(gen.stats().issued, now)
+                self._rates.setdefault(name, RateMeter()).update(gen.issued(), now)
 
     def shutdown(self) -> None:
         """Stop being ready and give every unused tail back to the store, within a share of
@@ -663,6 +677,35 @@ class App:
         self._gens[key] = gen
         return gen
 
+    async def _draw(self, gen: SegmentGenerator, count: int) -> list[int]:
+        """`count` ids of a key, waiting for its refills on the event loop, so a request that
+        waits for the store holds no thread (100,000 cold keys asked at once hold none), for
+        at most the generator's `wait`. Fewer ids than asked, rather than losing the ones
+        already drawn, when the store fails midway."""
+        ids = gen.try_next_ids(count)
+        if len(ids) == count:
+            return ids
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.wait
+        try:
+            while len(ids) < count:
+                refilled: asyncio.Future[None] = loop.create_future()
+                gen.on_refill(functools.partial(_wake, loop, refilled))
+                # Again after listening: a load that ended before it would never call back.
+                ids += gen.try_next_ids(count - len(ids))
+                if len(ids) == count:
+                    break
+                left = deadline - loop.time()
+                if left <= 0 or not (await asyncio.wait({refilled}, timeout=left))[0]:
+                    raise StoreUnavailable(
+                        f"no ids buffered for key {gen.key!r} and the store gave no range "
+                        f"within {self.options.wait:g} s"
+                    )
+        except IdmintError:
+            if not ids:
+                raise
+        return ids
+
     # -- id routes ---------------------------------------------------------------------------
 
     async def leaf_get(self, request: Request, key: str | None) -> Response:
@@ -670,7 +713,7 @@ class App:
         gen = await self._generator(key)
         i = gen.try_next_id()
         if i is None:
-            i = await self.pools["id"].run(self._id_deadline, gen.next_id)
+            i = (await self._draw(gen, 1))[0]
         self.counters.handed[LEAF_ROUTE] += 1
         return Response(200, str(i))
 
@@ -679,15 +722,7 @@ class App:
         count = request.param("count", 1, MAX_IDS)
         if count > 1:
             _check_cap(await self._key_row(key), count, "count")
-        gen = await self._generator(key)
-        ids = gen.try_next_ids(count)
-        if len(ids) < count:
-            try:
-                ids += await self.pools["id"].run(self._id_deadline, gen.next_ids, count - len(ids))
-            except (IdmintError, PoolTimeout):
-                if not ids:
-                    raise
-                # Fewer ids than asked, rather than losing the ones already drawn.
+        ids = await self._draw(await self._generator(key), count)
         self.counters.handed[IDS_ROUTE] += len(ids)
         return _json({"key": key, "ids": ids})
 

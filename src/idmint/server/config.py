@@ -19,6 +19,7 @@ from ..layout import layout_named
 from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
 from ..strategies.datacenter import check_dc_name
 from ..strategies.quorum import split_nodes
+from ..strategies.refills import DEFAULT_THREADS, check_threads
 
 ENV_PREFIX = "IDMINT_"
 
@@ -72,6 +73,11 @@ class ServerConfig:
     #: every write.
     quorum: str = ""
     unsafe_nodes: bool = False
+    #: Threads that load every key's next range in the background, soonest dry first.
+    refill_threads: int = DEFAULT_THREADS
+    #: Keys whose generators start (and take a range) when the server starts, as Leaf loads
+    #: every tag; the others start on their first request.
+    warm_keys: int = 1000
 
     def __post_init__(self) -> None:
         for name in ("token", "client_token"):
@@ -84,6 +90,9 @@ class ServerConfig:
             raise InvalidArgument("dc_store is a datacenter's store: give the datacenter (dc)")
         if self.quorum:
             split_nodes(self.quorum)
+        check_threads(self.refill_threads)
+        if not 0 <= self.warm_keys <= 1_000_000:
+            raise InvalidArgument(f"warm_keys must be from 0 to 1000000, not {self.warm_keys}")
         if self.http not in ("auto", "1", "2"):
             raise InvalidArgument(f"http must be auto, 1 or 2, not {self.http!r}")
         if not 0 < self.port < 65536:

@@ -18,7 +18,7 @@ from ..strategies.segment import SegmentStats
 RATE_WINDOW = 1.0  # seconds between two samples of every key's issued count
 
 
-@dataclass
+@dataclass(slots=True)
 class RateMeter:
     """Ids per second of one key, between the last two samples of its issued counter (the
     server takes one every RATE_WINDOW, on its own thread, whoever reads the rate)."""
