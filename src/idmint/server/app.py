@@ -47,6 +47,7 @@ from ..ids import (
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
     MAX_STRIPES,
+    Allocation,
     Key,
     check_key_name,
     check_stripe,
@@ -301,6 +302,9 @@ class App:
         self.started = time.time()
         self.shutting_down = False
         self.counters = Counters()
+        from . import dropin as peers  # tinyid's and CosId's routes; it uses this module
+
+        self._dropin = peers.DropIn(self)
         # Every id route from the start, so a request adds to an entry that is there; the hot
         # path counts its ids apart (hot_handed), added to Leaf's route when metrics are read.
         for route in (
@@ -310,6 +314,7 @@ class App:
             SNOWFLAKE_ROUTE,
             SNOWFLAKE_IDS_ROUTE,
             QUORUM_ROUTE,
+            *peers.ID_ROUTES,
         ):
             self.counters.handed[route] = 0
         self.hot_handed = 0
@@ -359,6 +364,19 @@ class App:
             QUORUM_ROUTE: {"GET": (self.quorum_ids, IDS)},
             "/decodeSnowflakeId": {"GET": (self.leaf_decode, OPEN)},
             DECODE_ROUTE: {"GET": (self.snowflake_decode, OPEN)},
+            # Drop-in routes (dropin.py): tinyid's take the client token as `token=` too.
+            **{
+                route: {"GET": (handler, peers.QUERY_TOKEN), "POST": (handler, peers.QUERY_TOKEN)}
+                for route, handler in (
+                    (peers.TINYID_IDS, self._dropin.tinyid_ids),
+                    (peers.TINYID_IDS_SIMPLE, self._dropin.tinyid_ids_simple),
+                    (peers.TINYID_SEGMENT, self._dropin.tinyid_segment),
+                    (peers.TINYID_SEGMENT_SIMPLE, self._dropin.tinyid_segment_simple),
+                )
+            },
+            peers.COSID_ID: {"GET": (self._dropin.cosid_id, IDS)},
+            peers.COSID_SEGMENT: {"PATCH": (self._dropin.cosid_segment, IDS)},
+            peers.COSID_DISTRIBUTOR: {"POST": (self._dropin.cosid_distributor, IDS)},
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -526,7 +544,12 @@ class App:
             return path, None
         if path.startswith("/v1/quorum/") and path.endswith("/ids"):
             return QUORUM_ROUTE, path[len("/v1/quorum/") : -len("/ids")]
-        for prefix in ("/api/segment/get/", "/api/snowflake/get/", "/v1/snowflake/decode/"):
+        for prefix in (
+            "/api/segment/get/",
+            "/api/snowflake/get/",
+            "/v1/snowflake/decode/",
+            "/ids/",
+        ):
             if path.startswith(prefix):
                 return prefix + "{key}", path[len(prefix) :]
         if path.startswith("/v1/keys/"):
@@ -534,7 +557,7 @@ class App:
             pattern = "/v1/keys/{key}" + (f"/{tail}" if tail else "")
             if pattern in self._routes:
                 return pattern, key
-        return "", None
+        return self._dropin.match(path)
 
     async def handle(self, request: Request) -> Response:
         """Answer one request; every error becomes a status code and a one-line reason. Every
@@ -719,17 +742,40 @@ class App:
 
     async def ids(self, request: Request, key: str | None) -> Response:
         assert key is not None
-        count = request.param("count", 1, MAX_IDS)
-        if count > 1:
-            _check_cap(await self._key_row(key), count, "count")
-        ids = await self._draw(await self._generator(key), count)
+        ids = await self._take_ids(key, request.param("count", 1, MAX_IDS), "count")
         self.counters.handed[IDS_ROUTE] += len(ids)
         return _json({"key": key, "ids": ids})
+
+    async def _take_ids(self, key: str, count: int, what: str) -> list[int]:
+        """`count` ids from the key's generator, within its batch cap (`what` names the count
+        in a refusal); fewer when the store fails after some were drawn."""
+        if count > 1:
+            _check_cap(await self._key_row(key), count, what)
+        return await self._draw(await self._generator(key), count)
 
     async def ranges(self, request: Request, key: str | None) -> Response:
         assert key is not None
         size = request.param("size", 0, MAX_RANGE) or None  # absent: the key's own step
         stripe = request.stripe()  # absent: any stripe with ids left, the store's choice
+        taken, row = await self._allocate(key, size, stripe)
+        self.counters.handed[RANGES_ROUTE] += len(taken.range)
+        return _json(
+            {
+                "key": key,
+                **taken.range.as_dict(),
+                "stripe": taken.key.stripe,
+                "stripes": taken.key.stripes,
+                "step": taken.key.step,
+                "batch_cap": row.batch_cap,
+                "conflicts": taken.conflicts,
+            }
+        )
+
+    async def _allocate(
+        self, key: str, size: int | None, stripe: int | None
+    ) -> tuple[Allocation, Key]:
+        """A fresh range of the key (of `size` ids, or its step; from `stripe`, or any), and the
+        key's row as it stands after it."""
         row = await self._key_row(key)
         if stripe is not None:
             check_stripe(stripe, row.stripes)
@@ -747,18 +793,7 @@ class App:
         row = self._keep_allocated_row(taken.key)
         handed = self.counters.ranges_handed
         handed[key] = handed.get(key, 0) + len(taken.range)
-        self.counters.handed[RANGES_ROUTE] += len(taken.range)
-        return _json(
-            {
-                "key": key,
-                **taken.range.as_dict(),
-                "stripe": taken.key.stripe,
-                "stripes": taken.key.stripes,
-                "step": taken.key.step,
-                "batch_cap": row.batch_cap,
-                "conflicts": taken.conflicts,
-            }
-        )
+        return taken, row
 
     # -- snowflake ---------------------------------------------------------------------------
 
@@ -843,17 +878,23 @@ class App:
         return _json(self._decode(key))
 
     async def leaf_decode(self, request: Request, key: str | None) -> Response:
-        values = parse_qs(request.query).get("snowflakeId")
+        # Leaf's LeafMonitorController.decodeSnowflakeId: all strings, the timestamp as
+        # "ms(yyyy-MM-dd HH:mm:ss.SSS)" in the server's time zone; an id it cannot decode is
+        # an HTTP 200 with only "errorMsg" (a missing parameter is Spring's 400).
+        values = parse_qs(request.query, keep_blank_values=True).get("snowflakeId")
         if not values:
             raise HttpError(400, "snowflakeId is required")
-        parts = self._decode(values[-1].strip())
-        # Leaf's field names and string values, plus the time.
+        try:
+            parts = self._decode(values[-1].strip())
+        except (HttpError, IdmintError) as exc:
+            return _json({"errorMsg": " ".join(str(exc).split())})
+        ms = parts["unix_ms"]
+        local = datetime.fromtimestamp(ms // 1000).strftime("%Y-%m-%d %H:%M:%S")
         return _json(
             {
-                "timestamp": str(parts["unix_ms"]),
+                "timestamp": f"{ms}({local}.{ms % 1000:03d})",
                 "workerId": str(parts["worker"]),
                 "sequenceId": str(parts["sequence"]),
-                "time": parts["time"],
             }
         )
 

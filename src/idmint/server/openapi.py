@@ -115,6 +115,200 @@ MAX_BATCH = {
 }
 
 
+LEAF_DECODED: dict[str, Any] = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["timestamp", "workerId", "sequenceId"],
+            "additionalProperties": False,
+            "properties": {
+                "timestamp": {"type": "string"},
+                "workerId": {"type": "string"},
+                "sequenceId": {"type": "string"},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["errorMsg"],
+            "additionalProperties": False,
+            "properties": {"errorMsg": {"type": "string"}},
+        },
+    ]
+}
+
+
+def dropin_paths() -> dict[str, Any]:
+    """tinyid's and CosId's routes (server/dropin.py; docs/server.md, "Drop-in routes")."""
+    biz_type = {
+        "name": "bizType",
+        "in": "query",
+        "required": True,
+        "description": "The key: " + KEY_NAME_RULE,
+        "schema": {"type": "string", "pattern": "^" + KEY_NAME_PATTERN.pattern + "$"},
+    }
+    token = {
+        "name": "token",
+        "in": "query",
+        "required": False,
+        "description": "The client token (or the admin token), when the server has one",
+        "schema": {"type": "string"},
+    }
+    batch_size = {
+        "name": "batchSize",
+        "in": "query",
+        "required": False,
+        "description": "How many ids, 1 to 100000 (default 1), at most the key's batch cap",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100_000, "default": 1},
+    }
+    segment = {
+        "type": "object",
+        "required": ["maxId", "loadingId", "currentId", "delta", "remainder"],
+        "description": "tinyid's SegmentId: its ids are those in (currentId, maxId] congruent "
+        "to remainder modulo delta, a range idmint allocated",
+        "properties": {
+            name: {"type": "integer"}
+            for name in ("maxId", "loadingId", "currentId", "delta", "remainder")
+        },
+    }
+
+    def tinyid_json(data: dict[str, Any], summary: str, params: list[Any]) -> dict[str, Any]:
+        body = {
+            "type": "object",
+            "required": ["data", "code", "message"],
+            "properties": {
+                "data": {**data, "nullable": True},
+                "code": {"type": "integer", "enum": [200, 5, 6]},
+                "message": {"type": "string"},
+            },
+        }
+        answer = {
+            "summary": summary,
+            "parameters": params,
+            "responses": {
+                "200": _json(
+                    body,
+                    "OK (code 200), or tinyid's error codes: 5, a missing or "
+                    "wrong token; 6, any other failure (the message says which)",
+                ),
+                "400": _json(body, "Bad input (code 6)"),
+            },
+        }
+        return {"get": answer, "post": answer}
+
+    def tinyid_text(summary: str, params: list[Any]) -> dict[str, Any]:
+        answer = {
+            "summary": summary,
+            "parameters": params,
+            "responses": {
+                "200": _text(summary),
+                "400": E400_CAP,
+                "401": E401_IDS,
+                "404": E404,
+                "410": E410,
+                "503": E503,
+            },
+        }
+        return {"get": answer, "post": answer}
+
+    namespace = {
+        "name": "namespace",
+        "in": "path",
+        "required": True,
+        "description": "CosId's namespace: checked, not used (the key is the name)",
+        "schema": {"type": "string", "pattern": "^" + KEY_NAME_PATTERN.pattern + "$"},
+    }
+    cosid_error = {
+        "description": "CosId's ErrorResponse, its code the HTTP status; or, for a bad key "
+        "name or a missing client token, idmint's one-line reason",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["code", "msg", "errors"],
+                    "properties": {
+                        "code": {"type": "string"},
+                        "msg": {"type": "string"},
+                        "errors": {"type": "array", "items": {}},
+                    },
+                }
+            },
+            **TEXT,
+        },
+    }
+    cosid_errors = {str(status): cosid_error for status in (400, 401, 404, 409, 410, 503)}
+    long = {"type": "integer", "format": "int64"}
+    return {
+        "/tinyid/id/nextId": tinyid_json(
+            {"type": "array", "items": {"type": "integer"}},
+            "tinyid's nextId: batchSize ids of the key",
+            [biz_type, token, batch_size],
+        ),
+        "/tinyid/id/nextIdSimple": tinyid_text(
+            "tinyid's nextIdSimple: batchSize ids of the key, comma-separated",
+            [biz_type, token, batch_size],
+        ),
+        "/tinyid/id/nextSegmentId": tinyid_json(
+            segment, "tinyid's nextSegmentId: a fresh range of the key's step", [biz_type, token]
+        ),
+        "/tinyid/id/nextSegmentIdSimple": tinyid_text(
+            "tinyid's nextSegmentIdSimple: a fresh range of the key's step, as "
+            "currentId,loadingId,maxId,delta,remainder (tinyid-client parses it)",
+            [biz_type, token],
+        ),
+        "/ids/{key}": {
+            "get": {
+                "summary": "CosId proxy's GET /ids/{name}: one id of the key, a JSON number",
+                **IDS,
+                "parameters": [KEY_PARAM],
+                "responses": {"200": _json(long), **cosid_errors},
+            }
+        },
+        "/segments/{namespace}/{key}": {
+            "patch": {
+                "summary": "CosId proxy's nextMaxId: a fresh range of step consecutive ids, "
+                "answered as its last id (the client's segment is (maxId - step, maxId])",
+                **IDS,
+                "parameters": [
+                    namespace,
+                    KEY_PARAM,
+                    {
+                        "name": "step",
+                        "in": "query",
+                        "required": True,
+                        "description": "How many ids, at most the key's batch cap",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": BATCH_CAP_MAX},
+                    },
+                ],
+                "responses": {"200": _json(long), **cosid_errors},
+            }
+        },
+        "/segments/distributor/{namespace}/{key}": {
+            "post": {
+                "summary": "CosId proxy's createDistributor: idempotent, an empty 200 when the "
+                "key exists, has no stripes and hands out ids above offset",
+                **IDS,
+                "parameters": [
+                    namespace,
+                    KEY_PARAM,
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 0, "maximum": ID_MAX},
+                    },
+                    {
+                        "name": "step",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": ID_MAX},
+                    },
+                ],
+                "responses": {"200": _text("Empty"), **cosid_errors},
+            }
+        },
+    }
+
+
 def openapi_document(version: str) -> dict[str, Any]:
     count = {
         "name": "count",
@@ -446,18 +640,21 @@ def openapi_document(version: str) -> dict[str, Any]:
             },
             "/decodeSnowflakeId": {
                 "get": {
-                    "summary": "Leaf's decode: timestamp, workerId, sequenceId as strings",
+                    "summary": "Leaf's decode (LeafMonitorController.decodeSnowflakeId): "
+                    'timestamp ("ms(yyyy-MM-dd HH:mm:ss.SSS)", local time), workerId and '
+                    "sequenceId as strings; an id it cannot decode is a 200 with errorMsg",
                     "parameters": [
                         {
                             "name": "snowflakeId",
                             "in": "query",
                             "required": True,
-                            "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+                            "schema": {"type": "string"},
                         }
                     ],
-                    "responses": {"200": _json({"type": "object"}), "400": E400},
+                    "responses": {"200": _json(LEAF_DECODED), "400": E400},
                 }
             },
+            **dropin_paths(),
             "/v1/snowflake/decode/{id}": {
                 "get": {
                     "summary": "The time, worker and sequence of a snowflake id",
