@@ -1,10 +1,12 @@
 """Every `idmint ...` command line in the README and docs/ is one the CLI takes as written:
 each is parsed by the real command tree (options, types, choices), with the commands' bodies
 swapped out, so no store is needed. A renamed option or a dropped command fails here before a
-reader finds it."""
+reader finds it. Then every block of commands that needs no server of its own is run, in
+order, on a fresh SQLite store, and the outputs its comments promise are checked."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from typing import Any
 import click
 import pytest
 
-from idmint.cli import cli
+from idmint.cli import cli, main
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -22,18 +24,28 @@ FENCE = re.compile(r"^```(\w*)\s*$")
 COMMAND = re.compile(r"(?:^|&&\s*)(?:\.venv/bin/)?idmint\s+([^&]*)")
 
 
-def doc_commands() -> Iterator[tuple[str, str]]:
-    """(where, the argument string) of every idmint command in a shell block of the docs."""
+def doc_blocks() -> Iterator[list[tuple[str, str]]]:
+    """The idmint commands of each shell block of the docs: (where, the argument string)."""
     for page in PAGES:
         block: str | None = None  # the language of the fenced block we are in
+        commands: list[tuple[str, str]] = []
         for number, line in enumerate(page.read_text().splitlines(), 1):
             fence = FENCE.match(line.strip())
             if fence:
+                if block is not None and commands:
+                    yield commands
                 block = fence.group(1) if block is None else None
+                commands = []
                 continue
             if block in ("sh", "bash", "shell", ""):
                 for found in COMMAND.finditer(line.strip()):
-                    yield f"{page.name}:{number}", found.group(1)
+                    commands.append((f"{page.name}:{number}", found.group(1)))
+
+
+def doc_commands() -> Iterator[tuple[str, str]]:
+    """(where, the argument string) of every idmint command in a shell block of the docs."""
+    for block in doc_blocks():
+        yield from block
 
 
 def leaves(group: click.Group) -> Iterator[click.Command]:
@@ -86,3 +98,61 @@ def test_the_scripts_the_docs_run_exist() -> None:
     assert "bench/quorum.py" in named and ".ci/venv" in named
     missing = sorted(path for path in named if not (ROOT / path).is_file())
     assert not missing, f"the docs run scripts that are not there: {missing}"
+
+
+#: What a command needs that a SQLite file is not: a server, a cluster of datacenters, quorum
+#: nodes. Those are run by their own tests (test_server, test_datacenter*, test_quorum*).
+NEEDS_MORE = ("serve", "dc", "--quorum", "--dc")
+
+
+def runnable(line: str) -> list[str] | None:
+    """The command's arguments without --store (the test's store is IDMINT_STORE), or None
+    if it needs more than a store."""
+    args = shlex.split(line, comments=True)
+    for i, arg in enumerate(args):
+        if arg == "--store":
+            del args[i : i + 2]
+            break
+    return None if any(a in NEEDS_MORE for a in args) else args
+
+
+def promised(line: str, output: str) -> None:
+    """The output a command's comment promises: ids ("# 3, 8, 13") or JSON fields
+    ("# \"stripes\": 5, ...")."""
+    comment = line.partition("#")[2].strip()
+    if re.fullmatch(r"\d+(, \d+)+", comment):
+        assert output.split() == comment.split(", "), (line, output)
+    elif comment.startswith('"'):
+        assert comment in json.dumps(json.loads(output)), (line, output)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b for b in doc_blocks() if any(runnable(line) is not None for _, line in b)],
+    ids=lambda block: block[0][0],
+)
+def test_a_documented_block_runs_on_a_store(
+    block: list[tuple[str, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("IDMINT_STORE", f"sqlite:///{tmp_path / 'docs.db'}")
+    monkeypatch.chdir(tmp_path)
+    for where, line in block:
+        args = runnable(line)
+        if args is None:
+            continue
+        code = main(args)
+        out, err = capsys.readouterr()
+        assert code == 0, f"{where}: idmint {line.strip()}: exit {code}: {err.strip()}"
+        promised(line, out)
+
+
+def test_most_documented_commands_run_and_a_broken_promise_fails() -> None:
+    commands = list(doc_commands())
+    assert sum(runnable(line) is not None for _, line in commands) >= len(commands) // 2
+    with pytest.raises(AssertionError):
+        promised("next order -n 3   # 3, 8, 13", "3\n8\n14\n")
+    with pytest.raises(AssertionError):
+        promised('keys show x --json   # "stripes": 5', '{"stripes": 4}')

@@ -104,11 +104,17 @@ def test_a_pool_size_out_of_bounds_is_refused(threads: object) -> None:
         RefillPool(threads)  # type: ignore[arg-type]
 
 
-def test_a_thousand_keys_load_on_a_few_threads(tmp_path: Path) -> None:
-    minter = idmint.connect(f"sqlite:///{tmp_path / 'keys.db'}")
-    names = [f"k{i}" for i in range(1000)]
+def store_with_keys(path: Path, names: list[str], step: int) -> Minter:
+    """A SQLite store at `path` with keys `names`, ids from 1."""
+    minter = idmint.connect(f"sqlite:///{path}")
     for name in names:
-        minter.add_key(name, step=5, start=1)
+        minter.add_key(name, step=step, start=1)
+    return minter
+
+
+def test_a_thousand_keys_load_on_a_few_threads(tmp_path: Path) -> None:
+    names = [f"k{i}" for i in range(1000)]
+    minter = store_with_keys(tmp_path / "keys.db", names, step=5)
     pool = RefillPool(4)
     threads_before = threading.active_count()
     gens = [SegmentGenerator(minter.store, name, pool=pool) for name in names]
@@ -161,11 +167,8 @@ print(json.dumps(got))
 
 
 def test_processes_drawing_many_keys_on_two_refill_threads_never_repeat(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
-    minter = idmint.connect(url)
     names = [f"t{i}" for i in range(60)]
-    for name in names:
-        minter.add_key(name, step=5, start=1)
+    url = store_with_keys(tmp_path / "shared.db", names, step=5).url
     env = {**os.environ, "IDMINT_REFILL_THREADS": "2"}
     procs = [
         subprocess.Popen(
@@ -237,11 +240,8 @@ def serving(app: App, keys: int) -> App:
 
 
 def test_requests_for_cold_keys_wait_on_the_event_loop_not_on_threads(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'cold.db'}"
-    minter = idmint.connect(url)
     names = [f"c{i}" for i in range(150)]
-    for name in names:
-        minter.add_key(name, step=4, start=1)
+    url = store_with_keys(tmp_path / "cold.db", names, step=4).url
     app = serving(App(ServerConfig(store=url, refill_threads=2, warm_keys=0)), len(names))
     paths = [f"/api/segment/get/{n}" for n in names] + [f"/v1/keys/{n}/ids?count=9" for n in names]
     answers = _get_all(app, paths)
