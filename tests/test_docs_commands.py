@@ -17,6 +17,7 @@ import click
 import pytest
 
 from idmint.cli import cli, main
+from idmint.server import App, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -156,3 +157,16 @@ def test_most_documented_commands_run_and_a_broken_promise_fails() -> None:
         promised("next order -n 3   # 3, 8, 13", "3\n8\n14\n")
     with pytest.raises(AssertionError):
         promised('keys show x --json   # "stripes": 5', '{"stripes": 4}')
+
+
+CURL = re.compile(r"curl\s+'?(?:-[^\s]+\s+)*'?(?:https?://)?localhost:\d+(/[^\s'`]*)")
+
+
+def test_every_documented_curl_names_a_route_that_answers_get(tmp_path: Path) -> None:
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'curl.db'}"))
+    paths = {m.group(1) for page in PAGES for m in CURL.finditer(page.read_text())}
+    assert "/api/segment/get/order" in paths and len(paths) >= 3
+    for path in paths:
+        pattern, _ = app._match(path.partition("?")[0])
+        assert pattern and "GET" in app._routes[pattern], f"the docs curl {path}: no such route"
+    assert not app._match("/v1/key/order/ids")[0]  # a stale path would fail
