@@ -110,6 +110,9 @@ LAST_ID_HEADER = "idmint-last-id"
 STRIPE_HEADER = "idmint-stripe"
 STRIPES_HEADER = "idmint-stripes"
 KEY_REFRESH = 5.0  # seconds between reads of every key's row (its batch cap) from the store
+# ... or longer with many keys: reading them all takes at most this share of the time (100,000
+# rows take about 0.3 s on SQLite, so they are read every 15 s rather than every 5).
+KEY_REFRESH_SHARE = 0.02
 _NUMBER = re.compile(r"[0-9]{1,19}")
 
 STATUS_OF: list[tuple[type[IdmintError], int]] = [
@@ -403,6 +406,11 @@ class App:
     def _probe_store(self) -> list[Key]:
         """Every key, and the store's identity as it is now (on a probe thread)."""
         keys = self.minter.keys()
+        self._check_identity()
+        return keys
+
+    def _check_identity(self) -> None:
+        """Read the store's identity, and say so loudly if it changed."""
         identity = self.minter.identity()
         if self.identity is not None and identity is not None and identity != self.identity:
             log.error(
@@ -412,7 +420,6 @@ class App:
                 identity.id,
             )
         self.identity = identity
-        return keys
 
     def _warm_up(self) -> None:
         """Start every key's generator, as Leaf loads every tag at start, so the first requests
@@ -683,12 +690,16 @@ class App:
     def _refresh_rows(self) -> None:
         """Read every key's row (and the store's identity) every KEY_REFRESH seconds, so a
         batch cap an admin changed on any server applies here too within that time, without a
-        store read per request, and a store that changed identity is noticed without probes."""
-        while not self._stopped.wait(KEY_REFRESH):
+        store read per request, and a store that changed identity is noticed without probes.
+        With many keys, less often: the reads take at most KEY_REFRESH_SHARE of the time."""
+        interval = KEY_REFRESH
+        while not self._stopped.wait(interval):
+            started = time.monotonic()
             try:
                 self._keep_rows(self._probe_store())
             except IdmintError as exc:
                 log.debug("cannot refresh the keys' rows: %s", exc)
+            interval = max(KEY_REFRESH, (time.monotonic() - started) / KEY_REFRESH_SHARE)
 
     async def _generator(self, key: str) -> SegmentGenerator:
         """The key's generator; made only for keys that exist."""
@@ -978,20 +989,27 @@ class App:
         if self.shutting_down:
             return Response(503, "shutting down\n")
         try:
-            self._keep_rows(await self.pools["probe"].run(self._store_deadline, self._probe_store))
+            cold = await self.pools["probe"].run(self._store_deadline, self._readiness)
         except (IdmintError, PoolTimeout) as exc:
             return Response(503, f"store not reachable: {' '.join(str(exc).split())}\n")
-        # Cold: still loading its first range, or its refills failing with nothing buffered.
-        # An exhausted key ends its refills, and is no reason to take the server out.
-        cold = sorted(
-            name
-            for name, gen in list(self._gens.items())
-            if (st := gen.stats()).current is None and st.next is None and st.refilling
-        )
         if cold:
             return Response(503, f"no ids buffered yet for {', '.join(cold[:10])}\n")
         store = f" (store {self.identity.id})" if self.identity else ""
         return Response(200, f"ready{store}\n")
+
+    def _readiness(self) -> list[str]:
+        """On a probe thread: check the store answers (one key's row, and its identity; not
+        every row, which with 100,000 keys would make each probe a scan), then name the keys
+        with nothing buffered yet: still loading their first range, or their refills failing.
+        An exhausted key ends its refills, and is no reason to take the server out."""
+        known = next(iter(self._key_rows), None)
+        if known is None:
+            self._keep_rows(self.minter.keys())  # none read yet: there are few or none
+        else:
+            with contextlib.suppress(KeyNotFound):  # deleted meanwhile: the store answered
+                self.minter.key(known)
+        self._check_identity()
+        return sorted(name for name, gen in list(self._gens.items()) if gen.cold())
 
     async def _snapshots(self) -> list[KeySnapshot]:
         keys = self._keep_rows(

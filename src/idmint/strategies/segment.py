@@ -640,6 +640,12 @@ class SegmentGenerator(ForkAware):
     def closed(self) -> bool:
         return self._closed
 
+    def cold(self) -> bool:
+        """No range served yet and a refill under way: still loading its first range, or its
+        refills failing. Read without the lock."""
+        seg = self._seg
+        return seg.stop <= seg.start and not self._closed and self._next is None and self._refilling
+
     def issued(self) -> int:
         """Ids handed out so far, read without the lock (a sample for rates, which a refill at
         the same moment may put one segment off): far cheaper than stats()."""
