@@ -228,10 +228,16 @@ def test_ids_handed_per_route(app: App) -> None:
     call(app, "GET", "/v1/keys/h/ids?count=7")
     call(app, "POST", "/v1/keys/h/ranges?size=30")
     metrics = call(app, "GET", "/metrics").text
-    assert 'idmint_ids_handed_total{route="/api/segment/get/{key}"} 1\n' in metrics
-    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ids"} 7\n' in metrics
-    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ranges"} 30\n' in metrics
-    assert 'idmint_ids_handed_total{route="/v1/snowflake/ids"} 0\n' in metrics
+    assert 'idmint_ids_handed_total{route="/api/segment/get/{key}"} 1.0\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ids"} 7.0\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ranges"} 30.0\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/snowflake/ids"} 0.0\n' in metrics
+    # Every key summed (the aggregates), and the same totals in /v1/stats for the dashboard.
+    assert "idmint_keys_ids_issued_total 8.0\n" in metrics
+    assert "idmint_keys_ranges_handed_total 30.0\n" in metrics
+    totals = call(app, "GET", "/v1/stats").json()["totals"]
+    assert totals["ids_issued"] == 8 and totals["ranges_handed"] == 30
+    assert totals["ids_handed"]["/v1/keys/{key}/ids"] == 7 and totals["workers"] == 1
 
 
 @pytest.fixture(params=["sqlite", "memory"])
@@ -384,6 +390,9 @@ def test_the_id_routes_serve_a_striped_key(any_app: App) -> None:
     assert answer.status_code == 410 and one_line(answer), answer.text
     assert "stripe" not in answer.text and "idmint-stripe" not in answer.headers
     assert call(app, "GET", "/api/segment/get/s").status_code == 410
+    # /v1/stats reads no store: it shows each key's row as last read (the server reads them
+    # all every KEY_REFRESH seconds, and on admin reads such as this one).
+    assert call(app, "GET", "/v1/keys/s").status_code == 200
     [stats] = call(app, "GET", "/v1/stats").json()["keys"]
     assert stats["stripes"] == 3 and stats["generator"]["stripes"] == 3
     assert stats["remaining"] == 0 and stats["generator"]["issued"] == 120
@@ -404,11 +413,11 @@ def test_stripes_and_conflicts_in_metrics_and_stats(any_app: App) -> None:
     plain_gen = plain["generator"]
     assert (plain["stripes"], plain_gen["stripe"], plain_gen["stripes"]) == (1, 0, 1)
     metrics = call(app, "GET", "/metrics").text
-    assert f'idmint_segment_stripe{{key="s"}} {gen["stripe"]}\n' in metrics
-    assert 'idmint_segment_stripe{key="p"} 0\n' in metrics
-    assert 'idmint_key_stripes{key="s"} 3\n' in metrics
-    assert 'idmint_key_stripes{key="p"} 1\n' in metrics
-    assert 'idmint_segment_conflicts_total{key="s"} 0\n' in metrics
+    assert f'idmint_segment_stripe{{key="s"}} {gen["stripe"]}.0\n' in metrics
+    assert 'idmint_segment_stripe{key="p"} 0.0\n' in metrics
+    assert 'idmint_key_stripes{key="s"} 3.0\n' in metrics
+    assert 'idmint_key_stripes{key="p"} 1.0\n' in metrics
+    assert 'idmint_segment_conflicts_total{key="s"} 0.0\n' in metrics
     assert "# TYPE idmint_segment_conflicts_total counter\n" in metrics
     counts = getattr(app.minter.store, "counts", None)
     if counts is None:  # SQLite locks rows: no compare-and-set loops, nothing to count
@@ -431,8 +440,8 @@ def test_stripes_and_conflicts_in_metrics_and_stats(any_app: App) -> None:
         sys.setswitchinterval(switch)
     assert 0 < counts.retries <= counts.conflicts
     metrics = call(app, "GET", "/metrics").text
-    assert f"idmint_cas_conflicts_total {counts.conflicts}\n" in metrics
-    assert f"idmint_cas_retries_total {counts.retries}\n" in metrics
+    assert f"idmint_cas_conflicts_total {counts.conflicts}.0\n" in metrics
+    assert f"idmint_cas_retries_total {counts.retries}.0\n" in metrics
     cas = call(app, "GET", "/v1/stats").json()["cas"]
     assert cas == {"conflicts": counts.conflicts, "retries": counts.retries}
 
@@ -448,9 +457,10 @@ def test_a_datacenter_server_reports_reservation_left_and_runway(tmp_path: Path)
     app = App(ServerConfig(store=top, dc="eu", dc_store=eu))
     assert call(app, "GET", "/v1/keys/order/ids?count=3").json()["ids"] == [1, 2, 3]
     metrics = call(app, "GET", "/metrics").text
-    left = re.search(r'^idmint_dc_reservation_left\{key="order",dc="eu"\} (\d+)$', metrics, re.M)
+    # prometheus-client writes the labels by name, and every value as a float.
+    left = re.search(r'^idmint_dc_reservation_left\{dc="eu",key="order"\} (\d+)\.0$', metrics, re.M)
     assert left is not None and 900 <= int(left[1]) <= 990  # less: the generator preloaded
-    assert 'idmint_dc_grants{key="order",dc="eu"} 1' in metrics
+    assert 'idmint_dc_grants{dc="eu",key="order"} 1.0' in metrics
     assert 'idmint_dc_global_cas_total{dc="eu"} 1' in metrics
     assert 'idmint_dc_preload_failures_total{dc="eu"} 0' in metrics
     stats = call(app, "GET", "/v1/stats").json()["datacenter"]

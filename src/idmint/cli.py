@@ -500,6 +500,13 @@ def _print_ids(taken: Range) -> None:
     default=None,
     help="HTTP/1.1 keep-alive [default: on].",
 )
+@click.option(
+    "--metrics-keys",
+    envvar="IDMINT_METRICS_KEYS",
+    type=int,
+    help="Keys with series of their own in /metrics and entries in /v1/stats: each worker's "
+    "busiest; every key counts in the aggregates [default: 100; 0: aggregates only].",
+)
 @dc_options()
 @quorum_options
 @click.option(
@@ -525,6 +532,7 @@ def serve(
     backlog: int | None,
     header_timeout: float | None,
     keep_alive: bool | None,
+    metrics_keys: int | None,
     dc: str | None,
     dc_store: str | None,
     quorum: str | None,
@@ -556,6 +564,7 @@ def serve(
         "backlog": backlog,
         "header_timeout": header_timeout,
         "keep_alive": keep_alive,
+        "metrics_keys": metrics_keys,
         "dc": dc,
         "dc_store": dc_store,
         "quorum": quorum,

@@ -21,6 +21,9 @@ from ..strategies.datacenter import check_dc_name
 from ..strategies.quorum import split_nodes
 
 ENV_PREFIX = "IDMINT_"
+#: Keys with series of their own at most: each is a dozen series in every worker's metrics
+#: files, kept for the server's life.
+MAX_METRICS_KEYS = 10_000
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class ServerConfig:
     #: every write.
     quorum: str = ""
     unsafe_nodes: bool = False
+    #: Keys with series of their own in /metrics and entries in /v1/stats: each process's
+    #: busiest (most ids issued); every key counts in the aggregate series. 0: aggregates only.
+    metrics_keys: int = 100
 
     def __post_init__(self) -> None:
         for name in ("token", "client_token"):
@@ -99,6 +105,10 @@ class ServerConfig:
         if not 1 <= self.shutdown_timeout <= 3600:
             raise InvalidArgument(
                 f"shutdown_timeout must be from 1 to 3600 seconds, not {self.shutdown_timeout:g}"
+            )
+        if not 0 <= self.metrics_keys <= MAX_METRICS_KEYS:
+            raise InvalidArgument(
+                f"metrics_keys must be from 0 to {MAX_METRICS_KEYS}, not {self.metrics_keys}"
             )
         if not 0.1 <= self.header_timeout <= 60:
             raise InvalidArgument(
