@@ -563,6 +563,7 @@ class Exporter:
         self.keys = keys
         self.path = multiprocess_dir()
         self._lock = threading.Lock()
+        self._closed = False
         self._metrics: dict[str, Counter | Gauge] = {}
         self._synced: dict[tuple[str, tuple[str, ...]], float] = {}
         self.registry = CollectorRegistry(auto_describe=False)
@@ -613,7 +614,8 @@ class Exporter:
         """Copy what the process counted into prometheus-client (once a second, and before a
         scrape is rendered); serialised, so two syncs never count one increase twice."""
         with self._lock:
-            self._sync(src)
+            if not self._closed:  # nothing after mark_process_dead: it would be a live gauge
+                self._sync(src)
 
     def _sync(self, src: Sources) -> None:
         stats = list(src.stats.values())
@@ -737,5 +739,7 @@ class Exporter:
         go (prometheus-client's mark_process_dead); its counters stay in the totals."""
         if src is not None:
             self.sync(src)
+        with self._lock:
+            self._closed = True
         if self.path is not None:
             mark_process_dead(os.getpid(), self.path)  # type: ignore[no-untyped-call]
