@@ -472,3 +472,43 @@ def test_a_datacenter_server_reports_reservation_left_and_runway(tmp_path: Path)
     assert call(plain, "GET", "/v1/stats").json()["datacenter"] is None
     assert "idmint_dc_" not in call(plain, "GET", "/metrics").text
     plain.shutdown()
+
+
+def test_metrics_keep_series_for_the_busiest_keys_only(tmp_path: Path) -> None:
+    """metrics_keys=2 of 5 keys: per-key series for the two busiest, every key in the
+    aggregates; ?key= shows any key as this process has it; /v1/stats likewise."""
+    store = f"sqlite:///{tmp_path / 'top.db'}"
+    app = App(ServerConfig(store=store, metrics_keys=2, admin_loopback=True))
+    for n in range(5):
+        call(app, "POST", "/v1/keys", json={"name": f"k{n}"})
+        # k4 is the busiest, then k3 ...; k0 issues 1 id
+        assert len(call(app, "GET", f"/v1/keys/k{n}/ids?count={n + 1}").json()["ids"]) == n + 1
+    metrics = call(app, "GET", "/metrics").text
+    shown = set(re.findall(r'^idmint_ids_issued_total\{key="(k\d)"\}', metrics, re.M))
+    assert shown == {"k4", "k3"}
+    assert "idmint_keys_ids_issued_total 15.0\n" in metrics  # 1 + 2 + 3 + 4 + 5
+    assert "idmint_keys_served 5.0\n" in metrics and "idmint_keys 5.0\n" in metrics
+    one = call(app, "GET", "/metrics?key=k0&key=nope")
+    assert one.status_code == 200 and "k4" not in one.text
+    assert f'idmint_ids_issued_total{{key="k0",pid="{one.headers["idmint-pid"]}"}} 1.0' in one.text
+    assert call(app, "GET", "/metrics?key=").status_code == 400
+    assert call(app, "GET", "/metrics?key=bad%20name").status_code == 400
+
+    def names(query: str) -> list[str]:
+        return [k["name"] for k in call(app, "GET", "/v1/stats" + query).json()["keys"]]
+
+    assert names("") == ["k3", "k4"]  # the busiest, by name
+    assert names("?key=k1&key=k0&key=nope") == ["k1", "k0"]
+    assert names("?all=1") == [f"k{n}" for n in range(5)]
+    shown_of = call(app, "GET", "/v1/stats").json()["keys_shown"]
+    assert shown_of == {"which": "busiest", "count": 2, "of": 5, "truncated": False}
+    assert call(app, "GET", "/v1/stats?all=yes").status_code == 400
+    app.shutdown()
+    none = App(ServerConfig(store=store, metrics_keys=0))
+    call(none, "GET", "/v1/keys/k4/ids")
+    metrics = call(none, "GET", "/metrics").text
+    assert 'key="' not in metrics and "idmint_keys_ids_issued_total 1.0\n" in metrics
+    none.shutdown()
+    with pytest.raises(InvalidArgument, match="metrics_keys must be from 0 to 1000, not -1"):
+        ServerConfig(metrics_keys=-1)
+    assert ServerConfig.from_mapping({"metrics_keys": "7"}).metrics_keys == 7  # env, TOML

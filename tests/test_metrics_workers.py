@@ -5,9 +5,11 @@ received; promtool accepts the exposition (and rejects a broken one)."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from http_server import ServerProcess
+from servers import free_port
 
 Series = tuple[str, tuple[tuple[str, str], ...]]
 SYNC_WAIT = 2.5  # a worker copies its counts into the metrics once a second: wait past that
@@ -199,3 +202,29 @@ def test_promtool_rejects_a_broken_exposition(exposition: dict[str, str]) -> Non
     broken = exposition["all"] + "# TYPE idmint_keys_ids_issued_total counter\n"
     assert promtool(broken).returncode != 0
     assert promtool("idmint_bad{key=unquoted} 1\n").returncode != 0
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (("--metrics-keys", "-1"), {}, "metrics_keys must be from 0 to 1000, not -1"),
+        ((), {"IDMINT_METRICS_KEYS": "1001"}, "metrics_keys must be from 0 to 1000, not 1001"),
+        (("--metrics-keys", "x"), {}, "'x' is not a valid integer"),
+    ],
+)
+def test_a_bad_metrics_keys_is_one_line(
+    args: tuple[str, ...], env: dict[str, str], says: str
+) -> None:
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "idmint", "--store", "memory://", "serve"),
+            *("--port", str(free_port()), *args),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+        env={**os.environ, **env},
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert says in run.stderr and run.stderr.count("\n") == 1, run.stderr

@@ -110,6 +110,9 @@ KEY_REFRESH = 5.0  # seconds between reads of every key's row (its batch cap) fr
 #: request may name with ?key=.
 STATS_ALL_MAX = 10_000
 NAMED_KEYS_MAX = 1000
+#: How long /metrics and /v1/stats may take on their probe thread (no store call: the
+#: multiprocess collection of every worker's files), within Prometheus's default 10 s timeout.
+RENDER_DEADLINE = 8.0
 _NUMBER = re.compile(r"[0-9]{1,19}")
 
 STATUS_OF: list[tuple[type[IdmintError], int]] = [
@@ -957,7 +960,7 @@ class App:
 
     def _named_keys(self, request: Request) -> list[str]:
         """The keys a request names (`?key=a&key=b`), checked, at most NAMED_KEYS_MAX."""
-        names = parse_qs(request.query).get("key", [])
+        names = parse_qs(request.query, keep_blank_values=True).get("key", [])
         if len(names) > NAMED_KEYS_MAX:
             raise HttpError(400, f"at most {NAMED_KEYS_MAX} keys per request, not {len(names)}")
         return [check_key_name(name) for name in dict.fromkeys(names)]
@@ -981,7 +984,7 @@ class App:
         render = self._render_metrics
         if names:
             render = functools.partial(self._render_keys, names)
-        body = await self.pools["probe"].run(self._store_deadline, render)
+        body = await self.pools["probe"].run(RENDER_DEADLINE, render)
         return Response(200, body, PROMETHEUS, (("idmint-pid", str(os.getpid())),))
 
     def _render_metrics(self) -> str:
@@ -1000,9 +1003,11 @@ class App:
         process's view of them: its busiest `metrics_keys` by default, the ones named by
         `?key=`, or with `?all=1` every key (by name, at most STATS_ALL_MAX)."""
         names = self._named_keys(request)
-        everything = parse_qs(request.query).get("all", [""])[-1] in ("1", "true")
+        everything = parse_qs(request.query, keep_blank_values=True).get("all", ["0"])[-1]
+        if everything not in ("0", "1", "true", "false"):
+            raise HttpError(400, f"all must be 1 or 0 (true or false), not {everything!r}")
         body = await self.pools["probe"].run(
-            self._store_deadline, self._stats_body, names, everything
+            RENDER_DEADLINE, self._stats_body, names, everything in ("1", "true")
         )
         return _json(body)
 
