@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -228,3 +229,36 @@ def test_a_bad_metrics_keys_is_one_line(
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert says in run.stderr and run.stderr.count("\n") == 1, run.stderr
+
+
+def test_the_metrics_directory_is_private_or_the_users(tmp_path: Path) -> None:
+    # Private: made for the run, named after the server's pid, removed at exit.
+    server = ServerProcess(f"sqlite:///{tmp_path / 'd.db'}", workers=2).start()
+    assert server.proc is not None
+    try:
+        assert httpx.get(server.url + "/metrics").status_code == 200
+        [made] = Path(tempfile.gettempdir()).glob(f"idmint-metrics-{server.proc.pid}-*")
+        assert {p.name.split("_")[0] for p in made.iterdir()} >= {"counter", "gauge"}
+        assert server.terminate() == 0
+        assert not made.exists()
+    finally:
+        server.stop()
+    # The user's (PROMETHEUS_MULTIPROC_DIR): a previous run's files go at start, the directory
+    # stays at exit. A stale counter file would add its totals (and this one is not even valid).
+    own = tmp_path / "prom"
+    own.mkdir()
+    (own / "counter_1.db").write_bytes(b"\x00" * 64 + b"stale")
+    (own / "notes.txt").write_text("not ours")
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(own)}
+    server = ServerProcess(f"sqlite:///{tmp_path / 'd.db'}", workers=2, env=env).start()
+    try:
+        assert httpx.post(server.url + "/v1/keys", json={"name": "k"}).status_code == 201
+        assert httpx.get(server.url + "/v1/keys/k/ids", params={"count": 5}).status_code == 200
+        time.sleep(SYNC_WAIT)
+        text = httpx.get(server.url + "/metrics").text
+        assert _sample(text, "idmint_keys_ids_issued_total") == 5
+        assert not (own / "counter_1.db").exists() and (own / "notes.txt").exists()
+        assert server.terminate() == 0
+        assert own.is_dir() and any(own.glob("counter_*.db"))
+    finally:
+        server.stop()
