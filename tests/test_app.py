@@ -512,3 +512,11 @@ def test_metrics_keep_series_for_the_busiest_keys_only(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="metrics_keys must be from 0 to 1000, not -1"):
         ServerConfig(metrics_keys=-1)
     assert ServerConfig.from_mapping({"metrics_keys": "7"}).metrics_keys == 7  # env, TOML
+
+
+def test_a_multiprocess_directory_that_is_not_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    with pytest.raises(InvalidArgument, match=r"PROMETHEUS_MULTIPROC_DIR=.*missing is not a dir"):
+        App(ServerConfig(store=f"sqlite:///{tmp_path / 'x.db'}"))

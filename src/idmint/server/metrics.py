@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from .._errors import InvalidArgument
 from ..ids import Key, Range
 from ..stores.cas_ranges import CasCounts
 from ..strategies.datacenter import DatacenterRanges
@@ -527,9 +528,15 @@ def key_values(name: str, src: Sources) -> list[tuple[str, float]]:
 
 
 def multiprocess_dir() -> str | None:
-    """The multiprocess directory (PROMETHEUS_MULTIPROC_DIR) when one is set and exists."""
+    """The multiprocess directory (PROMETHEUS_MULTIPROC_DIR), None when the variable is not
+    set; one that is not a directory is refused (prometheus-client would fail on every metric,
+    and an in-memory fallback would hide that each worker counts alone)."""
     path = os.environ.get(MULTIPROC_ENV)
-    return path if path and os.path.isdir(path) else None
+    if not path:
+        return None
+    if not os.path.isdir(path):
+        raise InvalidArgument(f"{MULTIPROC_ENV}={path} is not a directory")
+    return path
 
 
 class _Families:
