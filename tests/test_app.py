@@ -229,10 +229,16 @@ def test_ids_handed_per_route(app: App) -> None:
     call(app, "GET", "/v1/keys/h/ids?count=7")
     call(app, "POST", "/v1/keys/h/ranges?size=30")
     metrics = call(app, "GET", "/metrics").text
-    assert 'idmint_ids_handed_total{route="/api/segment/get/{key}"} 1\n' in metrics
-    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ids"} 7\n' in metrics
-    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ranges"} 30\n' in metrics
-    assert 'idmint_ids_handed_total{route="/v1/snowflake/ids"} 0\n' in metrics
+    assert 'idmint_ids_handed_total{route="/api/segment/get/{key}"} 1.0\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ids"} 7.0\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/keys/{key}/ranges"} 30.0\n' in metrics
+    assert 'idmint_ids_handed_total{route="/v1/snowflake/ids"} 0.0\n' in metrics
+    # Every key summed (the aggregates), and the same totals in /v1/stats for the dashboard.
+    assert "idmint_keys_ids_issued_total 8.0\n" in metrics
+    assert "idmint_keys_ranges_handed_total 30.0\n" in metrics
+    totals = call(app, "GET", "/v1/stats").json()["totals"]
+    assert totals["ids_issued"] == 8 and totals["ranges_handed"] == 30
+    assert totals["ids_handed"]["/v1/keys/{key}/ids"] == 7 and totals["workers"] == 1
 
 
 @pytest.fixture(params=["sqlite", "memory"])
@@ -385,6 +391,9 @@ def test_the_id_routes_serve_a_striped_key(any_app: App) -> None:
     assert answer.status_code == 410 and one_line(answer), answer.text
     assert "stripe" not in answer.text and "idmint-stripe" not in answer.headers
     assert call(app, "GET", "/api/segment/get/s").status_code == 410
+    # /v1/stats reads no store: it shows each key's row as last read (the server reads them
+    # all every KEY_REFRESH seconds, and on admin reads such as this one).
+    assert call(app, "GET", "/v1/keys/s").status_code == 200
     [stats] = call(app, "GET", "/v1/stats").json()["keys"]
     assert stats["stripes"] == 3 and stats["generator"]["stripes"] == 3
     assert stats["remaining"] == 0 and stats["generator"]["issued"] == 120
@@ -405,11 +414,11 @@ def test_stripes_and_conflicts_in_metrics_and_stats(any_app: App) -> None:
     plain_gen = plain["generator"]
     assert (plain["stripes"], plain_gen["stripe"], plain_gen["stripes"]) == (1, 0, 1)
     metrics = call(app, "GET", "/metrics").text
-    assert f'idmint_segment_stripe{{key="s"}} {gen["stripe"]}\n' in metrics
-    assert 'idmint_segment_stripe{key="p"} 0\n' in metrics
-    assert 'idmint_key_stripes{key="s"} 3\n' in metrics
-    assert 'idmint_key_stripes{key="p"} 1\n' in metrics
-    assert 'idmint_segment_conflicts_total{key="s"} 0\n' in metrics
+    assert f'idmint_segment_stripe{{key="s"}} {gen["stripe"]}.0\n' in metrics
+    assert 'idmint_segment_stripe{key="p"} 0.0\n' in metrics
+    assert 'idmint_key_stripes{key="s"} 3.0\n' in metrics
+    assert 'idmint_key_stripes{key="p"} 1.0\n' in metrics
+    assert 'idmint_segment_conflicts_total{key="s"} 0.0\n' in metrics
     assert "# TYPE idmint_segment_conflicts_total counter\n" in metrics
     counts = getattr(app.minter.store, "counts", None)
     if counts is None:  # SQLite locks rows: no compare-and-set loops, nothing to count
@@ -432,8 +441,8 @@ def test_stripes_and_conflicts_in_metrics_and_stats(any_app: App) -> None:
         sys.setswitchinterval(switch)
     assert 0 < counts.retries <= counts.conflicts
     metrics = call(app, "GET", "/metrics").text
-    assert f"idmint_cas_conflicts_total {counts.conflicts}\n" in metrics
-    assert f"idmint_cas_retries_total {counts.retries}\n" in metrics
+    assert f"idmint_cas_conflicts_total {counts.conflicts}.0\n" in metrics
+    assert f"idmint_cas_retries_total {counts.retries}.0\n" in metrics
     cas = call(app, "GET", "/v1/stats").json()["cas"]
     assert cas == {"conflicts": counts.conflicts, "retries": counts.retries}
 
@@ -449,9 +458,10 @@ def test_a_datacenter_server_reports_reservation_left_and_runway(tmp_path: Path)
     app = App(ServerConfig(store=top, dc="eu", dc_store=eu))
     assert call(app, "GET", "/v1/keys/order/ids?count=3").json()["ids"] == [1, 2, 3]
     metrics = call(app, "GET", "/metrics").text
-    left = re.search(r'^idmint_dc_reservation_left\{key="order",dc="eu"\} (\d+)$', metrics, re.M)
+    # prometheus-client writes the labels by name, and every value as a float.
+    left = re.search(r'^idmint_dc_reservation_left\{dc="eu",key="order"\} (\d+)\.0$', metrics, re.M)
     assert left is not None and 900 <= int(left[1]) <= 990  # less: the generator preloaded
-    assert 'idmint_dc_grants{key="order",dc="eu"} 1' in metrics
+    assert 'idmint_dc_grants{dc="eu",key="order"} 1.0' in metrics
     assert 'idmint_dc_global_cas_total{dc="eu"} 1' in metrics
     assert 'idmint_dc_preload_failures_total{dc="eu"} 0' in metrics
     stats = call(app, "GET", "/v1/stats").json()["datacenter"]
@@ -463,3 +473,51 @@ def test_a_datacenter_server_reports_reservation_left_and_runway(tmp_path: Path)
     assert call(plain, "GET", "/v1/stats").json()["datacenter"] is None
     assert "idmint_dc_" not in call(plain, "GET", "/metrics").text
     plain.shutdown()
+
+
+def test_metrics_keep_series_for_the_busiest_keys_only(tmp_path: Path) -> None:
+    """metrics_keys=2 of 5 keys: per-key series for the two busiest, every key in the
+    aggregates; ?key= shows any key as this process has it; /v1/stats likewise."""
+    store = f"sqlite:///{tmp_path / 'top.db'}"
+    app = App(ServerConfig(store=store, metrics_keys=2, admin_loopback=True))
+    for n in range(5):
+        call(app, "POST", "/v1/keys", json={"name": f"k{n}"})
+        # k4 is the busiest, then k3 ...; k0 issues 1 id
+        assert len(call(app, "GET", f"/v1/keys/k{n}/ids?count={n + 1}").json()["ids"]) == n + 1
+    metrics = call(app, "GET", "/metrics").text
+    shown = set(re.findall(r'^idmint_ids_issued_total\{key="(k\d)"\}', metrics, re.M))
+    assert shown == {"k4", "k3"}
+    assert "idmint_keys_ids_issued_total 15.0\n" in metrics  # 1 + 2 + 3 + 4 + 5
+    assert "idmint_keys_served 5.0\n" in metrics and "idmint_keys 5.0\n" in metrics
+    one = call(app, "GET", "/metrics?key=k0&key=nope")
+    assert one.status_code == 200 and "k4" not in one.text
+    assert f'idmint_ids_issued_total{{key="k0",pid="{one.headers["idmint-pid"]}"}} 1.0' in one.text
+    assert call(app, "GET", "/metrics?key=").status_code == 400
+    assert call(app, "GET", "/metrics?key=bad%20name").status_code == 400
+
+    def names(query: str) -> list[str]:
+        return [k["name"] for k in call(app, "GET", "/v1/stats" + query).json()["keys"]]
+
+    assert names("") == ["k3", "k4"]  # the busiest, by name
+    assert names("?key=k1&key=k0&key=nope") == ["k1", "k0"]
+    assert names("?all=1") == [f"k{n}" for n in range(5)]
+    shown_of = call(app, "GET", "/v1/stats").json()["keys_shown"]
+    assert shown_of == {"which": "busiest", "count": 2, "of": 5, "truncated": False}
+    assert call(app, "GET", "/v1/stats?all=yes").status_code == 400
+    app.shutdown()
+    none = App(ServerConfig(store=store, metrics_keys=0))
+    call(none, "GET", "/v1/keys/k4/ids")
+    metrics = call(none, "GET", "/metrics").text
+    assert 'key="' not in metrics and "idmint_keys_ids_issued_total 1.0\n" in metrics
+    none.shutdown()
+    with pytest.raises(InvalidArgument, match="metrics_keys must be from 0 to 1000, not -1"):
+        ServerConfig(metrics_keys=-1)
+    assert ServerConfig.from_mapping({"metrics_keys": "7"}).metrics_keys == 7  # env, TOML
+
+
+def test_a_multiprocess_directory_that_is_not_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    with pytest.raises(InvalidArgument, match=r"PROMETHEUS_MULTIPROC_DIR=.*missing is not a dir"):
+        App(ServerConfig(store=f"sqlite:///{tmp_path / 'x.db'}"))

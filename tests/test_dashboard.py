@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -163,6 +164,11 @@ def test_dashboard_shows_keys_and_ranges(idmint_server: ServerProcess) -> None:
     assert page.by_id["f-ready"] == "ready" and page.errors == {}
     assert shown["stripe"] == "—"  # a plain key: one counter
     assert "f-cas-box" in page.hidden  # SQLite locks rows: no compare-and-set loops
+    # The totals, as /metrics has them: 1500 + 1 ids issued, and handed over HTTP.
+    assert "s-totals-box" not in page.hidden and page.by_id["s-keys"] == "2"
+    assert page.by_id["s-issued"] == "1501" and page.by_id["s-handed"] == "1501"
+    assert page.by_id["s-workers"] == "1"
+    assert "idmint_keys_ids_issued_total 1501.0\n" in httpx.get(url + "/metrics").text
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
@@ -266,6 +272,7 @@ def test_stale_data_errors_and_ids_near_2_63(stub: StubServer) -> None:
     assert shown["status"] == "error" and shown["runway"] == "3 m 20 s"
     assert page.errors == {"event": "error store unavailable: connection refused"}
     assert page.by_id["f-store"] == "postgresql://app:***@db/app"  # never a password on screen
+    assert "s-totals-box" in page.hidden  # a server without totals (older): no box
 
 
 def test_dashboard_shows_the_snowflake_worker(idmint_server: ServerProcess) -> None:
@@ -377,3 +384,26 @@ def test_dashboard_shows_a_datacenters_runway(stub: StubServer) -> None:
     assert "f-dc-box" not in page.hidden
     assert page.by_id["f-dc"].startswith("eu · fast 990 left · runway 33")
     assert page.by_id["f-dc"].endswith("preload failures 3")
+
+
+def test_dashboard_shows_every_workers_totals(tmp_path: Path) -> None:
+    """Two workers: whichever answers the page's /v1/stats, it shows both workers' ids, the
+    same totals /metrics has."""
+    server = ServerProcess(f"sqlite:///{tmp_path / 'two.db'}", workers=2).start()
+    try:
+        assert httpx.post(server.url + "/v1/keys", json={"name": "order"}).status_code == 201
+        received, pids = 0, set[str]()
+        deadline = time.monotonic() + 30
+        while len(pids) < 2 or received < 200:  # new connections: the kernel spreads them
+            assert time.monotonic() < deadline, "one worker answered every request"
+            answer = httpx.get(server.url + "/v1/keys/order/ids", params={"count": 10})
+            received += len(answer.json()["ids"])
+            pids.add(httpx.get(server.url + "/metrics").headers["idmint-pid"])
+        time.sleep(2.5)  # each worker copies its counts into the metrics once a second
+        metrics = httpx.get(server.url + "/metrics").text
+        assert f"idmint_keys_ids_issued_total {received}.0\n" in metrics
+        page = render(server.url + "/")
+        assert page.by_id["s-issued"] == str(received) == page.by_id["s-handed"]
+        assert page.by_id["s-workers"] == "2"
+    finally:
+        server.stop()

@@ -512,6 +512,13 @@ def _print_ids(taken: Range) -> None:
     type=int,
     help="Keys that take a range at start; the rest start on first use [default: 1000].",
 )
+@click.option(
+    "--metrics-keys",
+    envvar="IDMINT_METRICS_KEYS",
+    type=int,
+    help="Keys with series of their own in /metrics and entries in /v1/stats: each worker's "
+    "busiest; every key counts in the aggregates [default: 100; 0: aggregates only].",
+)
 @dc_options()
 @quorum_options
 @click.option(
@@ -539,6 +546,7 @@ def serve(
     keep_alive: bool | None,
     refill_threads: int | None,
     warm_keys: int | None,
+    metrics_keys: int | None,
     dc: str | None,
     dc_store: str | None,
     quorum: str | None,
@@ -572,6 +580,7 @@ def serve(
         "keep_alive": keep_alive,
         "refill_threads": refill_threads,
         "warm_keys": warm_keys,
+        "metrics_keys": metrics_keys,
         "dc": dc,
         "dc_store": dc_store,
         "quorum": quorum,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import hmac
 import ipaddress
@@ -57,18 +56,18 @@ from ..layout import layout_named
 from ..stores.base import STORE_HEADER, StoreIdentity
 from ..strategies.quorum import QuorumGenerator, QuorumOptions, split_nodes
 from ..strategies.refills import set_shared_threads
-from ..strategies.segment import SegmentGenerator, SegmentOptions
+from ..strategies.segment import GeneratorCounts, SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .config import ServerConfig
 from .metrics import (
     RATE_WINDOW,
     Counters,
-    KeySnapshot,
+    Exporter,
     RateMeter,
+    Sources,
     cas_counts,
     datacenter_stats,
     quorum_stats,
-    render_prometheus,
 )
 from .openapi import openapi_document
 from .pools import Pool, PoolTimeout
@@ -113,6 +112,13 @@ KEY_REFRESH = 5.0  # seconds between reads of every key's row (its batch cap) fr
 # ... or longer with many keys: reading them all takes at most this share of the time (100,000
 # rows take about 0.3 s on SQLite, so they are read every 15 s rather than every 5).
 KEY_REFRESH_SHARE = 0.02
+#: Keys /v1/stats lists at most with ?all=1 (each is a few hundred bytes of JSON), and keys one
+#: request may name with ?key=.
+STATS_ALL_MAX = 10_000
+NAMED_KEYS_MAX = 1000
+#: How long /metrics and /v1/stats may take on their probe thread (no store call: the
+#: multiprocess collection of every worker's files), within Prometheus's default 10 s timeout.
+RENDER_DEADLINE = 8.0
 _NUMBER = re.compile(r"[0-9]{1,19}")
 
 STATUS_OF: list[tuple[type[IdmintError], int]] = [
@@ -325,6 +331,8 @@ class App:
         self._quorums: dict[str, QuorumGenerator] = {}
         self._missing: dict[str, float] = {}
         self._rates: dict[str, RateMeter] = {}
+        #: prometheus-client: in multiprocess mode under `idmint serve`, the whole server's.
+        self.exporter = Exporter(self.config.metrics_keys)
         self._stopped = threading.Event()
         #: The store's identity as last read (StoreIdentity); every answer names it in the
         #: `idmint-store` header, so a client can refuse servers of two different stores.
@@ -437,11 +445,41 @@ class App:
 
     def _sample_rates(self) -> None:
         """Sample every generator's issued count once a RATE_WINDOW, so the rates are ready at
-        the first read and do not depend on how often, or by how many, they are read."""
+        the first read and do not depend on how often, or by how many, they are read; and copy
+        this process's counts into the metrics (the other workers' scrapes read them so, at
+        most a RATE_WINDOW late)."""
         while not self._stopped.wait(RATE_WINDOW):
             now = time.monotonic()
-            for name, gen in list(self._gens.items()):
-                self._rates.setdefault(name, RateMeter()).update(gen.issued(), now)
+            counts = {name: gen.counts() for name, gen in list(self._gens.items())}
+            for name, c in counts.items():
+                self._rates.setdefault(name, RateMeter()).update(c.issued, now)
+            try:
+                self.exporter.sync(self._sources(counts))
+            except Exception:  # never the end of the sampling (rates, metrics) for good
+                log.exception("cannot update the metrics")
+
+    def _sources(self, counts: dict[str, GeneratorCounts] | None = None) -> Sources:
+        """What this process counted, for the metrics: no store call."""
+        gens = dict(self._gens)
+        if counts is None:
+            counts = {name: gen.counts() for name, gen in gens.items()}
+        handed = dict(self.counters.handed)
+        handed[LEAF_ROUTE] += self.hot_handed
+        minter = self._minter
+        return Sources(
+            counts=counts,
+            gens=gens,
+            rates={name: meter.rate for name, meter in list(self._rates.items())},
+            rows=dict(self._key_rows),
+            ranges_handed=dict(self.counters.ranges_handed),
+            handed=handed,
+            errors=dict(self.counters.errors),
+            started=self.started,
+            snowflake=self._flake.stats() if self._flake is not None else None,
+            cas=cas_counts(minter.store) if minter is not None else None,
+            datacenter=datacenter_stats(minter.store) if minter is not None else None,
+            quorum=quorum_stats(minter.quorums()) if minter is not None else None,
+        )
 
     def shutdown(self) -> None:
         """Stop being ready and give every unused tail back to the store, within a share of
@@ -452,6 +490,7 @@ class App:
         for pool in self.pools.values():
             pool.close()
         if self._minter is None:
+            self.exporter.close()
             return
         generators = self._minter.generators()
         # The rest of the timeout is for in-flight requests (bounded by their deadlines) and
@@ -459,6 +498,10 @@ class App:
         self._minter.close(timeout=self.config.shutdown_timeout * CLOSE_SHARE)
         returned = sum(gen.stats().given_back for gen in generators)
         log.info("stopped; %d unused ids given back to the store", returned)
+        try:  # the last counts into the totals; this worker's gauges go
+            self.exporter.close(self._sources())
+        except Exception:
+            log.exception("cannot write the last metrics")
 
     # -- RSGI (granian) ----------------------------------------------------------------------
 
@@ -1011,18 +1054,12 @@ class App:
         self._check_identity()
         return sorted(name for name, gen in list(self._gens.items()) if gen.cold())
 
-    async def _snapshots(self) -> list[KeySnapshot]:
-        keys = self._keep_rows(
-            await self.pools["probe"].run(self._store_deadline, self._probe_store)
-        )
-        out = []
-        for k in keys:
-            gen = self._gens.get(k.name)
-            stats = gen.stats() if gen is not None else None
-            meter = self._rates.get(k.name)
-            rate = meter.rate if meter is not None and stats is not None else 0.0
-            out.append(KeySnapshot(k, stats, rate, self.counters.ranges_handed.get(k.name, 0)))
-        return out
+    def _named_keys(self, request: Request) -> list[str]:
+        """The keys a request names (`?key=a&key=b`), checked, at most NAMED_KEYS_MAX."""
+        names = parse_qs(request.query, keep_blank_values=True).get("key", [])
+        if len(names) > NAMED_KEYS_MAX:
+            raise HttpError(400, f"at most {NAMED_KEYS_MAX} keys per request, not {len(names)}")
+        return [check_key_name(name) for name in dict.fromkeys(names)]
 
     def _info(self) -> dict[str, Any]:
         return {
@@ -1035,24 +1072,52 @@ class App:
         }
 
     async def metrics(self, request: Request, key: str | None) -> Response:
-        handed = dict(self.counters.handed)
-        handed[LEAF_ROUTE] += self.hot_handed
-        return Response(
-            200,
-            render_prometheus(
-                await self._snapshots(),
-                dataclasses.replace(self.counters, handed=handed),
-                self._info(),
-                self._flake.stats() if self._flake is not None else None,
-                cas_counts(self.minter.store),
-                datacenter_stats(self.minter.store),
-                quorum_stats(self.minter.quorums()),
-            ),
-            PROMETHEUS,
-        )
+        """Every worker's series (the aggregates, each worker's busiest keys), or with
+        `?key=a&key=b` those keys as the answering process has them (label pid). Rendered on a
+        probe thread from what the process keeps (no store call): the event loop goes on
+        answering while a scrape is read and written."""
+        names = self._named_keys(request)
+        render = self._render_metrics
+        if names:
+            render = functools.partial(self._render_keys, names)
+        body = await self.pools["probe"].run(RENDER_DEADLINE, render)
+        return Response(200, body, PROMETHEUS, (("idmint-pid", str(os.getpid())),))
+
+    def _render_metrics(self) -> str:
+        up = {
+            "version": __version__,
+            "store": self.minter.url,
+            "store_id": self.identity.id if self.identity else "",
+        }
+        return self.exporter.render(self._sources(), up)
+
+    def _render_keys(self, names: list[str]) -> str:
+        return self.exporter.render_keys(self._sources(), names)
 
     async def stats(self, request: Request, key: str | None) -> Response:
-        snapshots = await self._snapshots()
+        """The dashboard's data: the server, every worker's totals, and keys with this
+        process's view of them: its busiest `metrics_keys` by default, the ones named by
+        `?key=`, or with `?all=1` every key (by name, at most STATS_ALL_MAX)."""
+        names = self._named_keys(request)
+        everything = parse_qs(request.query, keep_blank_values=True).get("all", ["0"])[-1]
+        if everything not in ("0", "1", "true", "false"):
+            raise HttpError(400, f"all must be 1 or 0 (true or false), not {everything!r}")
+        body = await self.pools["probe"].run(
+            RENDER_DEADLINE, self._stats_body, names, everything in ("1", "true")
+        )
+        return _json(body)
+
+    def _stats_body(self, names: list[str], everything: bool) -> dict[str, Any]:
+        src = self._sources()
+        totals = self.exporter.totals(src)
+        if names:
+            chosen, which = names, "named"
+        elif everything:
+            chosen, which = sorted(src.rows)[:STATS_ALL_MAX], "all"
+        else:
+            # The busiest, shown by name: rows that keep their place on the dashboard.
+            chosen, which = sorted(src.busiest(self.config.metrics_keys)), "busiest"
+        snapshots = [s for name in chosen if (s := src.snapshot(name)) is not None]
         info = self._info()
         server = {
             "version": info["version"],
@@ -1069,17 +1134,22 @@ class App:
             "uptime_s": time.time() - self.started,
             "ready": not self.shutting_down,
         }
-        flake = self._flake.stats() if self._flake is not None else None
-        return _json(
-            {
-                "server": server,
-                "keys": [s.as_dict() for s in snapshots],
-                "snowflake": flake,
-                "cas": cas_counts(self.minter.store),
-                "datacenter": datacenter_stats(self.minter.store),
-                "quorum": quorum_stats(self.minter.quorums()),
-            }
-        )
+        return {
+            "server": server,
+            "totals": totals,
+            # Which keys follow, of how many the store has (as last read).
+            "keys_shown": {
+                "which": which,
+                "count": len(snapshots),
+                "of": len(src.rows),
+                "truncated": which == "all" and len(src.rows) > STATS_ALL_MAX,
+            },
+            "keys": [s.as_dict() for s in snapshots],
+            "snowflake": src.snowflake,
+            "cas": src.cas,
+            "datacenter": src.datacenter,
+            "quorum": src.quorum,
+        }
 
     async def openapi(self, request: Request, key: str | None) -> Response:
         return _json(openapi_document(__version__))

@@ -1,19 +1,41 @@
-"""What an operator watches: one snapshot per key, as JSON for the dashboard and as Prometheus
-text for /metrics. Figures are this server process's own (each granian worker has its own
-generators); the key's remaining ids come from the store and are the same everywhere."""
+"""What an operator watches: one snapshot per key, as JSON for the dashboard, and Prometheus
+metrics for /metrics (prometheus-client).
+
+Each granian worker has its own generators and counts. Under `idmint serve` every worker writes
+its figures to prometheus-client's multiprocess files (PROMETHEUS_MULTIPROC_DIR) and a scrape of
+any worker reads all the files: counters are summed over every worker that ever ran in this
+server run (a dead worker's file stays), so no counter goes down between two scrapes, whichever
+worker answers. An App built without that variable (a library user's, the tests') keeps its own
+registry.
+
+Nothing here is on the hot path: the generators and the app keep plain counts; `Exporter.sync`
+copies them into prometheus-client once a second (on the app's sampling thread) and right
+before a scrape is rendered, counters by their increase since the last sync.
+
+Per-key series exist only for each process's busiest `metrics_keys` keys (most ids issued):
+with 100,000 keys a series per key would be millions of lines, and a multiprocess file never
+forgets a label set. Every key counts in the aggregate `idmint_keys_*` series."""
 
 from __future__ import annotations
 
+import heapq
+import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, values
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from .._errors import InvalidArgument
 from ..ids import Key, Range
 from ..stores.cas_ranges import CasCounts
 from ..strategies.datacenter import DatacenterRanges
 from ..strategies.quorum import QuorumGenerator
-from ..strategies.segment import SegmentStats
+from ..strategies.segment import GeneratorCounts, SegmentGenerator, SegmentStats
 
 RATE_WINDOW = 1.0  # seconds between two samples of every key's issued count
 
@@ -136,282 +158,606 @@ class Counters:
         self.errors[route, status] = self.errors.get((route, status), 0) + 1
 
 
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+COUNTER, GAUGE = "counter", "gauge"
+KEY = ("key",)
+Mode = Literal["liveall", "livemin", "livemax", "livesum"]
 
 
-def render_prometheus(
-    snapshots: list[KeySnapshot],
-    counters: Counters,
-    info: dict[str, Any],
-    snowflake: dict[str, Any] | None = None,
-    cas: dict[str, int] | None = None,
-    datacenter: dict[str, Any] | None = None,
-    quorum: list[dict[str, Any]] | None = None,
-) -> str:
-    """The Prometheus text exposition format, version 0.0.4."""
-    lines: list[str] = []
+@dataclass(frozen=True)
+class Spec:
+    """One metric: its name, type, help and labels, and for a gauge how the values of the
+    workers combine in multiprocess mode (prometheus-client's modes; all are live ones, so a
+    worker that stops gracefully takes its gauges along)."""
 
-    def metric(name: str, kind: str, help_: str, rows: list[tuple[dict[str, str], float]]) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in rows:
-            text = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-            lines.append(f"{name}{{{text}}} {value:.17g}" if text else f"{name} {value:.17g}")
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...] = ()
+    mode: Mode = "livesum"
 
-    live = [(s, s.stats) for s in snapshots if s.stats is not None]
 
-    def k(snapshot: KeySnapshot) -> dict[str, str]:
-        return {"key": snapshot.key.name}
-
-    metric(
-        "idmint_up",
-        "gauge",
-        "1 while the server runs; labels describe it.",
-        [
-            (
-                {
-                    "version": str(info["version"]),
-                    "store": str(info["store"]),
-                    "store_id": str(info.get("store_id", "")),
-                },
-                1,
-            )
-        ],
-    )
-    metric(
-        "idmint_ids_issued_total",
-        "counter",
-        "Ids handed out by this process.",
-        [(k(s), st.issued) for s, st in live],
-    )
-    metric(
-        "idmint_allocations_total",
-        "counter",
-        "Ranges taken from the store by generators.",
-        [(k(s), st.refills) for s, st in live],
-    )
-    metric(
-        "idmint_allocation_seconds_total",
-        "counter",
-        "Time spent taking those ranges.",
-        [(k(s), st.refill_seconds_total) for s, st in live],
-    )
-    metric(
+QUORUM = (
+    ("ids", "Ids of the quorum key handed out."),
+    ("rounds", "Rounds a majority of the nodes accepted."),
+    ("retries", "Rounds lost (no majority: contention, nodes down) and tried again."),
+    ("burnt", "Ids a lost round claimed on some nodes: skipped, never handed out."),
+    ("requests", "Requests served (group commit: many per round)."),
+    ("failures", "Requests that ended in an error (QuorumUnavailable past the deadline)."),
+)
+SPECS = [
+    # Every key, summed: what stays meaningful with 100,000 keys.
+    Spec("idmint_keys_ids_issued_total", COUNTER, "Ids handed out by the generators, all keys."),
+    Spec("idmint_keys_allocations_total", COUNTER, "Ranges the generators took, all keys."),
+    Spec("idmint_keys_allocation_seconds_total", COUNTER, "Time spent taking them, all keys."),
+    Spec("idmint_keys_ranges_handed_total", COUNTER, "Ids handed to clients as ranges, all keys."),
+    Spec(
+        "idmint_keys_conflicts_total",
+        COUNTER,
+        "Compare-and-set conflicts the allocations met, all keys.",
+    ),
+    Spec("idmint_keys_store_errors", GAUGE, "Keys whose last refill failed, over live workers."),
+    Spec(
+        "idmint_keys_served",
+        GAUGE,
+        "Keys with a generator, summed over the live workers (each has its own).",
+    ),
+    Spec("idmint_keys_ids_rate", GAUGE, "Ids handed out per second, recently, all keys."),
+    Spec("idmint_keys", GAUGE, "Keys in the store, as last read.", mode="livemax"),
+    # Per key, for each process's busiest keys.
+    Spec("idmint_ids_issued_total", COUNTER, "Ids handed out by the key's generators.", KEY),
+    Spec("idmint_allocations_total", COUNTER, "Ranges taken from the store by generators.", KEY),
+    Spec("idmint_allocation_seconds_total", COUNTER, "Time spent taking those ranges.", KEY),
+    Spec(
         "idmint_allocation_last_seconds",
-        "gauge",
-        "Latency of the last range taken.",
-        [(k(s), st.last_refill_seconds or 0.0) for s, st in live],
-    )
-    metric(
+        GAUGE,
+        "Latency of the last range taken (the slowest worker's).",
+        KEY,
+        "livemax",
+    ),
+    Spec(
         "idmint_buffer_fill_ratio",
-        "gauge",
-        "Share of the current range still unserved.",
-        [(k(s), s.fill or 0.0) for s, _ in live],
-    )
-    metric(
+        GAUGE,
+        "Share of the current range still unserved (the emptiest worker's).",
+        KEY,
+        "livemin",
+    ),
+    Spec(
         "idmint_buffer_next_ready",
-        "gauge",
-        "1 when the next range is already loaded.",
-        [(k(s), 1.0 if st.next is not None else 0.0) for s, st in live],
-    )
-    metric(
+        GAUGE,
+        "1 when the next range is already loaded (in every worker).",
+        KEY,
+        "livemin",
+    ),
+    Spec(
         "idmint_step",
-        "gauge",
-        "The dynamic step: size of the last range taken.",
-        [(k(s), st.step or 0) for s, st in live],
-    )
-    metric(
+        GAUGE,
+        "The dynamic step: size of the last range taken (largest).",
+        KEY,
+        "livemax",
+    ),
+    Spec(
         "idmint_density_ratio",
-        "gauge",
-        "Ids issued / integers used up (held ones excluded).",
-        [(k(s), st.density) for s, st in live],
-    )
-    metric(
+        GAUGE,
+        "Ids issued / integers used up, held ones excluded (the lowest worker's).",
+        KEY,
+        "livemin",
+    ),
+    Spec(
         "idmint_store_errors",
-        "gauge",
-        "1 while the last refill of the key failed.",
-        [(k(s), 1.0 if st.error else 0.0) for s, st in live],
-    )
-    metric(
-        "idmint_ids_rate",
-        "gauge",
-        "Ids handed out per second, recently.",
-        [(k(s), s.rate) for s, _ in live],
-    )
-    metric(
+        GAUGE,
+        "1 while the last refill of the key failed (in any worker).",
+        KEY,
+        "livemax",
+    ),
+    Spec("idmint_ids_rate", GAUGE, "Ids handed out per second, recently (all workers).", KEY),
+    Spec(
         "idmint_segment_conflicts_total",
-        "counter",
-        "Compare-and-set conflicts this process's allocations met (engines without row locks); "
-        "each moves the generator to another stripe of a striped key.",
-        [(k(s), st.conflicts) for s, st in live],
-    )
-    metric(
+        COUNTER,
+        "Compare-and-set conflicts the allocations met (engines without row locks); each moves "
+        "the generator to another stripe of a striped key.",
+        KEY,
+    ),
+    Spec(
         "idmint_segment_stripe",
-        "gauge",
-        "The stripe this process's generator takes ranges from (0 for a plain key).",
-        [(k(s), st.stripe) for s, st in live],
-    )
-    metric(
+        GAUGE,
+        "The stripe each worker's generator takes ranges from (0 for a plain key).",
+        KEY,
+        "liveall",
+    ),
+    Spec(
         "idmint_key_stripes",
-        "gauge",
+        GAUGE,
         "The key's stripes: independent counters (store).",
-        [(k(s), s.key.stripes) for s in snapshots],
-    )
-    metric(
-        "idmint_ranges_handed_total",
-        "counter",
-        "Ids handed to clients as whole ranges.",
-        [(k(s), s.ranges_handed) for s in snapshots],
-    )
-    metric(
+        KEY,
+        "livemax",
+    ),
+    Spec("idmint_ranges_handed_total", COUNTER, "Ids handed to clients as whole ranges.", KEY),
+    Spec(
         "idmint_key_remaining",
-        "gauge",
-        "Ids a bounded key can still hand out (store).",
-        [(k(s), s.key.remaining) for s in snapshots if s.key.bounded],
-    )
-    metric(
+        GAUGE,
+        "Ids a bounded key can still hand out (store, as last read).",
+        KEY,
+        "livemin",
+    ),
+    Spec(
         "idmint_key_runway_seconds",
-        "gauge",
-        "Seconds until a bounded key runs out at this process's current rate.",
-        [(k(s), s.runway_s) for s in snapshots if s.runway_s is not None],
-    )
-    metric(
+        GAUGE,
+        "Seconds until a bounded key runs out at one worker's current rate (the lowest).",
+        KEY,
+        "livemin",
+    ),
+    # The server's requests.
+    Spec(
         "idmint_ids_handed_total",
-        "counter",
-        "Ids handed out by this process over HTTP, per route (a range counts all its ids).",
-        [({"route": route}, n) for route, n in sorted(counters.handed.items())],
-    )
-    metric(
+        COUNTER,
+        "Ids handed out over HTTP, per route (a range counts all its ids).",
+        ("route",),
+    ),
+    Spec(
         "idmint_http_errors_total",
-        "counter",
+        COUNTER,
         "Requests answered with an error status.",
-        [({"route": r, "status": str(c)}, n) for (r, c), n in sorted(counters.errors.items())],
-    )
-    if cas is not None:
-        metric(
-            "idmint_cas_conflicts_total",
-            "counter",
-            "Compare-and-set writes of this process another writer won (stores over CAS cells).",
-            [({}, cas["conflicts"])],
-        )
-        metric(
-            "idmint_cas_retries_total",
-            "counter",
-            "Store operations of this process that needed more than one compare-and-set.",
-            [({}, cas["retries"])],
-        )
-    if datacenter is not None:
-        _datacenter_metrics(metric, datacenter)
-    if snowflake is not None:
-        layout = {"layout": str(snowflake["layout"])}
-        for name, kind, help_, field in (
-            ("idmint_snowflake_worker_id", "gauge", "The leased worker id.", "worker_id"),
-            (
-                "idmint_snowflake_lease_deadline_seconds",
-                "gauge",
-                "Seconds until the lease lapses without a renewal.",
-                "lease_deadline_s",
-            ),
-            (
-                "idmint_snowflake_clock_rollbacks_total",
-                "counter",
-                "Clock steps back larger than the generator waits out.",
-                "rollbacks",
-            ),
-            (
-                "idmint_snowflake_runway_years",
-                "gauge",
-                "Years until the layout's time bits run out.",
-                "runway_years",
-            ),
-            (
-                "idmint_snowflake_clock_offset_seconds",
-                "gauge",
-                "The lease store's clock minus this process's, measured on lease round trips.",
-                "clock_offset_ms",
-            ),
-            (
-                "idmint_snowflake_clock_offset_error_seconds",
-                "gauge",
-                "How far the true clock offset can be from the measured one.",
-                "clock_offset_error_ms",
-            ),
-        ):
-            value = snowflake[field]
-            if value is None:  # no offset from a store without a clock (memory, static)
-                continue
-            if field.endswith("_ms"):
-                value = float(value) / 1000
-            metric(name, kind, help_, [(layout, float(value))])
-    if quorum is not None:
-        _quorum_metrics(metric, quorum)
-    metric(
-        "idmint_uptime_seconds",
-        "gauge",
-        "Seconds since this process started.",
-        [({}, time.time() - float(info["started"]))],
-    )
-    return "\n".join(lines) + "\n"
-
-
-Emit = Callable[[str, str, str, list[tuple[dict[str, str], float]]], None]
-
-
-def _quorum_metrics(metric: Emit, quorum: list[dict[str, Any]]) -> None:
-    for field_, help_ in (
-        ("ids", "Ids of the quorum key this process handed out."),
-        ("rounds", "Rounds a majority of the nodes accepted."),
-        ("retries", "Rounds lost (no majority: contention, nodes down) and tried again."),
-        ("burnt", "Ids a lost round claimed on some nodes: skipped, never handed out."),
-        ("requests", "Requests served (group commit: many per round)."),
-        ("failures", "Requests that ended in an error (QuorumUnavailable past the deadline)."),
-    ):
-        rows = [({"key": q["key"]}, float(q[field_])) for q in quorum]
-        metric(f"idmint_quorum_{field_}_total", "counter", help_, rows)
-    nodes = [(q["key"], n) for q in quorum for n in q["nodes"]]
-    metric(
+        ("route", "status"),
+    ),
+    Spec(
+        "idmint_cas_conflicts_total",
+        COUNTER,
+        "Compare-and-set writes another writer won (stores over CAS cells).",
+    ),
+    Spec(
+        "idmint_cas_retries_total",
+        COUNTER,
+        "Store operations that needed more than one compare-and-set.",
+    ),
+    # A datacenter's keys (labels key, dc) and its level's counts (label dc).
+    Spec(
+        "idmint_dc_reservation_left",
+        GAUGE,
+        "Ids the datacenter can hand out without the global level (its reservation's rest and "
+        "the preloaded one), as the workers last saw them (the lowest).",
+        ("key", "dc"),
+        "livemin",
+    ),
+    Spec(
+        "idmint_dc_runway_seconds",
+        GAUGE,
+        "Seconds the datacenter can serve cut off from the global level, at its rate.",
+        ("key", "dc"),
+        "livemin",
+    ),
+    Spec(
+        "idmint_dc_rate_ids_per_second",
+        GAUGE,
+        "The datacenter's rate over its window.",
+        ("key", "dc"),
+        "livemax",
+    ),
+    Spec(
+        "idmint_dc_grants",
+        GAUGE,
+        "Reservations the datacenter has taken.",
+        ("key", "dc"),
+        "livemax",
+    ),
+    Spec(
+        "idmint_dc_global_cas_total",
+        COUNTER,
+        "Compare-and-sets tried on global cells.",
+        ("dc",),
+    ),
+    Spec(
+        "idmint_dc_global_conflicts_total",
+        COUNTER,
+        "Global compare-and-sets another writer won.",
+        ("dc",),
+    ),
+    Spec(
+        "idmint_dc_local_conflicts_total",
+        COUNTER,
+        "Compare-and-sets on the datacenter's cells another process won.",
+        ("dc",),
+    ),
+    Spec(
+        "idmint_dc_preload_failures_total",
+        COUNTER,
+        "Background reservations that failed (global level out of reach).",
+        ("dc",),
+    ),
+    Spec(
+        "idmint_dc_runway_spent_total",
+        COUNTER,
+        "Allocations refused with RunwaySpent (cut off, nothing left).",
+        ("dc",),
+    ),
+    # The snowflake generator: each worker leases its own worker id.
+    Spec("idmint_snowflake_worker_id", GAUGE, "The leased worker id.", ("layout",), "liveall"),
+    Spec(
+        "idmint_snowflake_lease_deadline_seconds",
+        GAUGE,
+        "Seconds until the lease lapses without a renewal.",
+        ("layout",),
+        "liveall",
+    ),
+    Spec(
+        "idmint_snowflake_clock_rollbacks_total",
+        COUNTER,
+        "Clock steps back larger than the generator waits out.",
+        ("layout",),
+    ),
+    Spec(
+        "idmint_snowflake_runway_years",
+        GAUGE,
+        "Years until the layout's time bits run out.",
+        ("layout",),
+        "livemin",
+    ),
+    Spec(
+        "idmint_snowflake_clock_offset_seconds",
+        GAUGE,
+        "The lease store's clock minus this worker's, measured on lease round trips.",
+        ("layout",),
+        "liveall",
+    ),
+    Spec(
+        "idmint_snowflake_clock_offset_error_seconds",
+        GAUGE,
+        "How far the true clock offset can be from the measured one.",
+        ("layout",),
+        "liveall",
+    ),
+    # Quorum keys (few, configured): every one served.
+    *(Spec(f"idmint_quorum_{field_}_total", COUNTER, help_, KEY) for field_, help_ in QUORUM),
+    Spec(
         "idmint_quorum_node_up",
-        "gauge",
-        "1 if the node's last call answered, 0 if it failed (no series before the first call).",
-        [({"key": k, "node": n["url"]}, float(n["up"])) for k, n in nodes if n["up"] is not None],
-    )
-    metric(
+        GAUGE,
+        "1 if the node's last call answered, 0 if it failed, in every worker (no series before "
+        "the first call).",
+        ("key", "node"),
+        "livemin",
+    ),
+    Spec(
         "idmint_quorum_node_counter",
-        "gauge",
+        GAUGE,
         "The highest counter of the key the node answered with.",
-        [({"key": k, "node": n["url"]}, float(n["counter"])) for k, n in nodes],
-    )
+        ("key", "node"),
+        "livemax",
+    ),
+    Spec(
+        "idmint_uptime_seconds",
+        GAUGE,
+        "Seconds since each worker started.",
+        mode="liveall",
+    ),
+]
+SPEC = {s.name: s for s in SPECS}
+DC_KEY_FIELDS = (
+    ("idmint_dc_reservation_left", "left"),
+    ("idmint_dc_runway_seconds", "runway_s"),
+    ("idmint_dc_rate_ids_per_second", "rate"),
+    ("idmint_dc_grants", "grants"),
+)
+DC_COUNTS = (
+    "global_cas",
+    "global_conflicts",
+    "local_conflicts",
+    "preload_failures",
+    "runway_spent",
+)
+SNOWFLAKE_FIELDS = (
+    ("idmint_snowflake_worker_id", "worker_id"),
+    ("idmint_snowflake_lease_deadline_seconds", "lease_deadline_s"),
+    ("idmint_snowflake_clock_rollbacks_total", "rollbacks"),
+    ("idmint_snowflake_runway_years", "runway_years"),
+    ("idmint_snowflake_clock_offset_seconds", "clock_offset_ms"),
+    ("idmint_snowflake_clock_offset_error_seconds", "clock_offset_error_ms"),
+)
 
 
-def _datacenter_metrics(metric: Emit, datacenter: dict[str, Any]) -> None:
-    dc = str(datacenter["dc"])
-    keys = datacenter["keys"]
-    for name, help_, field_ in (
-        (
-            "idmint_dc_reservation_left",
-            "Ids the datacenter can hand out without the global level (its reservation's rest "
-            "and the preloaded one), as this process last saw them.",
-            "left",
-        ),
-        (
-            "idmint_dc_runway_seconds",
-            "Seconds the datacenter can serve cut off from the global level, at its rate.",
-            "runway_s",
-        ),
-        ("idmint_dc_rate_ids_per_second", "The datacenter's rate over its window.", "rate"),
-        ("idmint_dc_grants", "Reservations the datacenter has taken.", "grants"),
-    ):
-        rows = [
-            ({"key": s["key"], "dc": dc}, float(s[field_])) for s in keys if s[field_] is not None
+@dataclass
+class Sources:
+    """What one process knows, read without store I/O: its generators' stats (taken once per
+    sync), rates, the keys' rows as last read, and its request counts."""
+
+    #: Every generator's running totals (cheap); full stats only of the keys shown, read on
+    #: demand (stats_of) from `gens`.
+    counts: dict[str, GeneratorCounts]
+    gens: dict[str, SegmentGenerator]
+    rates: dict[str, float]
+    rows: dict[str, Key]
+    ranges_handed: dict[str, int]
+    handed: dict[str, int]
+    errors: dict[tuple[str, int], int]
+    started: float
+    snowflake: dict[str, Any] | None = None
+    cas: dict[str, int] | None = None
+    datacenter: dict[str, Any] | None = None
+    quorum: list[dict[str, Any]] | None = None
+    _stats: dict[str, SegmentStats] = field(default_factory=dict)
+
+    def stats_of(self, name: str) -> SegmentStats | None:
+        """The key's generator's stats, read once per Sources; None without a generator."""
+        stats = self._stats.get(name)
+        if stats is None and (gen := self.gens.get(name)) is not None:
+            stats = self._stats[name] = gen.stats()
+        return stats
+
+    def snapshot(self, name: str) -> KeySnapshot | None:
+        row = self.rows.get(name)
+        if row is None:
+            return None
+        stats = self.stats_of(name)
+        rate = self.rates.get(name, 0.0) if stats is not None else 0.0
+        return KeySnapshot(row, stats, rate, self.ranges_handed.get(name, 0))
+
+    def busiest(self, n: int) -> list[str]:
+        """The n keys this process handed out most ids of (generators and ranges), busiest
+        first; keys known from the store fill the rest (by name), when there is room."""
+        if n <= 0:
+            return []
+
+        def handed(name: str) -> int:
+            counts = self.counts.get(name)
+            return (counts.issued if counts is not None else 0) + self.ranges_handed.get(name, 0)
+
+        active = set(self.counts) | set(self.ranges_handed)
+        top = heapq.nlargest(n, sorted(active), key=handed)
+        if len(top) < n:
+            top += heapq.nsmallest(n - len(top), set(self.rows) - active)
+        return top
+
+
+def key_values(name: str, src: Sources) -> list[tuple[str, float]]:
+    """The per-key series of one key as this process sees them: (metric, value)."""
+    out: list[tuple[str, float]] = [("idmint_ranges_handed_total", src.ranges_handed.get(name, 0))]
+    st = src.stats_of(name)
+    if st is not None:
+        rate = src.rates.get(name, 0.0)
+        out += [
+            ("idmint_ids_issued_total", st.issued),
+            ("idmint_allocations_total", st.refills),
+            ("idmint_allocation_seconds_total", st.refill_seconds_total),
+            ("idmint_allocation_last_seconds", st.last_refill_seconds or 0.0),
+            ("idmint_buffer_next_ready", 1.0 if st.next is not None else 0.0),
+            ("idmint_step", st.step or 0),
+            ("idmint_density_ratio", st.density),
+            ("idmint_store_errors", 1.0 if st.error else 0.0),
+            ("idmint_ids_rate", rate),
+            ("idmint_segment_conflicts_total", st.conflicts),
+            ("idmint_segment_stripe", st.stripe),
         ]
-        metric(name, "gauge", help_, rows)
-    for field_, help_ in (
-        ("global_cas", "Compare-and-sets this process tried on global cells."),
-        ("global_conflicts", "Global compare-and-sets another writer won."),
-        ("local_conflicts", "Compare-and-sets on the datacenter's cells another process won."),
-        ("preload_failures", "Background reservations that failed (global level out of reach)."),
-        ("runway_spent", "Allocations refused with RunwaySpent (cut off, nothing left)."),
-    ):
-        value = float(datacenter["counts"][field_])
-        metric(f"idmint_dc_{field_}_total", "counter", help_, [({"dc": dc}, value)])
+    snapshot = src.snapshot(name)
+    if snapshot is not None:
+        if st is not None:
+            out.append(("idmint_buffer_fill_ratio", snapshot.fill or 0.0))
+        out.append(("idmint_key_stripes", snapshot.key.stripes))
+        if snapshot.key.bounded:
+            out.append(("idmint_key_remaining", snapshot.key.remaining))
+        if snapshot.runway_s is not None:
+            out.append(("idmint_key_runway_seconds", snapshot.runway_s))
+    return out
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory (PROMETHEUS_MULTIPROC_DIR), None when the variable is not
+    set; one that is not a directory is refused (prometheus-client would fail on every metric,
+    and an in-memory fallback would hide that each worker counts alone)."""
+    path = os.environ.get(MULTIPROC_ENV)
+    if not path:
+        return None
+    if not os.path.isdir(path):
+        raise InvalidArgument(f"{MULTIPROC_ENV}={path} is not a directory")
+    return path
+
+
+class _Families:
+    """A collector of ready-made families, for generate_latest."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+class _WithoutCreated:
+    """A registry's families without the `_created` samples prometheus-client adds to counters
+    in a single process (multiprocess mode has none): the same series either way."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
+class Exporter:
+    """The prometheus-client side of one process: its metric objects, the values last copied
+    into them (a counter grows by the increase since), and the collection a scrape reads."""
+
+    def __init__(self, keys: int) -> None:
+        self.keys = keys
+        self.path = multiprocess_dir()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._metrics: dict[str, Counter | Gauge] = {}
+        self._synced: dict[tuple[str, tuple[str, ...]], float] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._collector: MultiProcessCollector | _WithoutCreated
+        if self.path is not None:
+            # prometheus-client picks its value class when first imported; a process that
+            # imported it before the variable was set would keep its values in memory only.
+            if not getattr(values.ValueClass, "_multiprocess", False):
+                values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+            self._collector = MultiProcessCollector(None, self.path)  # type: ignore[no-untyped-call]
+        else:
+            self._collector = _WithoutCreated(self.registry)
+
+    @property
+    def multiprocess(self) -> bool:
+        return self.path is not None
+
+    def _metric(self, name: str) -> Counter | Gauge:
+        metric = self._metrics.get(name)
+        if metric is None:  # made on first use: a metric without labels shows from then on
+            spec = SPEC[name]
+            # In multiprocess mode the values live in the files, not in a registry.
+            registry = None if self.multiprocess else self.registry
+            if spec.kind == COUNTER:
+                metric = Counter(name, spec.help, spec.labels, registry=registry)
+            else:
+                metric = Gauge(
+                    name, spec.help, spec.labels, registry=registry, multiprocess_mode=spec.mode
+                )
+            self._metrics[name] = metric
+        return metric
+
+    def _put(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        metric = self._metric(name)
+        child = metric.labels(*labels) if labels else metric
+        last = self._synced.get((name, labels))
+        if isinstance(child, Counter):
+            # By the increase: a count that went down came from a new source (a generator made
+            # again), counted from zero.
+            grown = value - last if last is not None and value >= last else value
+            if grown > 0 or last is None:
+                child.inc(grown)
+        elif value != last:
+            child.set(value)
+        self._synced[name, labels] = value
+
+    def sync(self, src: Sources) -> None:
+        """Copy what the process counted into prometheus-client (once a second, and before a
+        scrape is rendered); serialised, so two syncs never count one increase twice."""
+        with self._lock:
+            if not self._closed:  # nothing after mark_process_dead: it would be a live gauge
+                self._sync(src)
+
+    def _sync(self, src: Sources) -> None:
+        counts = list(src.counts.values())
+        for name, value in (
+            ("idmint_keys_ids_issued_total", sum(c.issued for c in counts)),
+            ("idmint_keys_allocations_total", sum(c.refills for c in counts)),
+            ("idmint_keys_allocation_seconds_total", sum(c.refill_seconds for c in counts)),
+            ("idmint_keys_ranges_handed_total", sum(src.ranges_handed.values())),
+            ("idmint_keys_conflicts_total", sum(c.conflicts for c in counts)),
+            ("idmint_keys_store_errors", sum(1 for c in counts if c.failing)),
+            ("idmint_keys_served", len(counts)),
+            ("idmint_keys_ids_rate", sum(src.rates.get(k, 0.0) for k in src.counts)),
+            ("idmint_keys", len(src.rows)),
+            ("idmint_uptime_seconds", time.time() - src.started),
+        ):
+            self._put(name, (), float(value))
+        top = src.busiest(self.keys)
+        for key in top:
+            for name, value in key_values(key, src):
+                self._put(name, (key,), float(value))
+        for route, n in src.handed.items():
+            self._put("idmint_ids_handed_total", (route,), n)
+        for (route, status), n in src.errors.items():
+            self._put("idmint_http_errors_total", (route, str(status)), n)
+        if src.cas is not None:
+            self._put("idmint_cas_conflicts_total", (), src.cas["conflicts"])
+            self._put("idmint_cas_retries_total", (), src.cas["retries"])
+        if src.datacenter is not None:
+            dc = str(src.datacenter["dc"])
+            chosen = set(top)
+            for seen in src.datacenter["keys"]:
+                if seen["key"] in chosen:
+                    for name, field_ in DC_KEY_FIELDS:
+                        if seen[field_] is not None:
+                            self._put(name, (seen["key"], dc), float(seen[field_]))
+            for field_ in DC_COUNTS:
+                value = float(src.datacenter["counts"][field_])
+                self._put(f"idmint_dc_{field_}_total", (dc,), value)
+        if src.snowflake is not None:
+            layout = (str(src.snowflake["layout"]),)
+            for name, field_ in SNOWFLAKE_FIELDS:
+                value = src.snowflake[field_]
+                if value is None:  # no offset from a store without a clock (memory, static)
+                    continue
+                self._put(name, layout, float(value) / (1000 if field_.endswith("_ms") else 1))
+        for q in src.quorum or []:
+            for field_, _ in QUORUM:
+                self._put(f"idmint_quorum_{field_}_total", (q["key"],), float(q[field_]))
+            for node in q["nodes"]:
+                labels = (q["key"], node["url"])
+                if node["up"] is not None:
+                    self._put("idmint_quorum_node_up", labels, float(node["up"]))
+                self._put("idmint_quorum_node_counter", labels, float(node["counter"]))
+
+    def collect(self) -> list[Metric]:
+        """Every worker's series (multiprocess), or this process's."""
+        return list(self._collector.collect())
+
+    def render(self, src: Sources, up: dict[str, str]) -> str:
+        """The exposition: `idmint_up` (the answering worker's labels), then every series."""
+        self.sync(src)
+        family = GaugeMetricFamily(
+            "idmint_up", "1 while the server runs; labels describe it.", labels=list(up)
+        )
+        family.add_metric(list(up.values()), 1)
+        return (generate_latest(_Families([family])) + generate_latest(self)).decode()
+
+    def render_keys(self, src: Sources, keys: list[str]) -> str:
+        """The per-key series of `keys` as this process has them (label pid): no aggregation,
+        no store call; keys this process knows nothing of have no series."""
+        pid = str(os.getpid())
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for key in keys:
+            for name, value in key_values(key, src):
+                family = families.get(name)
+                if family is None:
+                    spec = SPEC[name]
+                    kind = CounterMetricFamily if spec.kind == COUNTER else GaugeMetricFamily
+                    family = families[name] = kind(name, spec.help, labels=["key", "pid"])
+                family.add_metric([key, pid], float(value))
+        ordered = [families[s.name] for s in SPECS if s.name in families]
+        return generate_latest(_Families(ordered)).decode()
+
+    def totals(self, src: Sources) -> dict[str, Any]:
+        """The aggregate figures of every worker, from the same collection as /metrics."""
+        self.sync(src)
+        sums: dict[str, float] = {}
+        routes: dict[str, float] = {}
+        workers, errors = 0, 0.0
+        for family in self.collect():
+            for sample in family.samples:
+                if sample.name == "idmint_ids_handed_total":
+                    routes[sample.labels["route"]] = sample.value
+                elif sample.name == "idmint_http_errors_total":
+                    errors += sample.value
+                elif sample.name == "idmint_uptime_seconds":
+                    workers += 1  # one series per live worker (liveall)
+                elif not sample.labels:
+                    sums[sample.name] = sample.value
+
+        def whole(value: float) -> int | float:
+            return int(value) if float(value).is_integer() else value
+
+        return {
+            "ids_issued": whole(sums.get("idmint_keys_ids_issued_total", 0)),
+            "allocations": whole(sums.get("idmint_keys_allocations_total", 0)),
+            "allocation_seconds": sums.get("idmint_keys_allocation_seconds_total", 0.0),
+            "ranges_handed": whole(sums.get("idmint_keys_ranges_handed_total", 0)),
+            "conflicts": whole(sums.get("idmint_keys_conflicts_total", 0)),
+            "store_errors": whole(sums.get("idmint_keys_store_errors", 0)),
+            "keys_served": whole(sums.get("idmint_keys_served", 0)),
+            "rate_per_s": sums.get("idmint_keys_ids_rate", 0.0),
+            "keys": whole(sums.get("idmint_keys", 0)),
+            "ids_handed": {route: whole(n) for route, n in sorted(routes.items())},
+            "http_errors": whole(errors),
+            "workers": workers,
+        }
+
+    def close(self, src: Sources | None = None) -> None:
+        """A last sync (counters complete for a graceful stop), then this worker's live gauges
+        go (prometheus-client's mark_process_dead); its counters stay in the totals."""
+        if src is not None:
+            self.sync(src)
+        with self._lock:
+            self._closed = True
+        if self.path is not None:
+            mark_process_dead(os.getpid(), self.path)  # type: ignore[no-untyped-call]

@@ -60,6 +60,19 @@ KEY_PARAM = {
     "schema": {"type": "string", "pattern": "^" + KEY_NAME_PATTERN.pattern + "$"},
 }
 
+KEYS_QUERY = {
+    "name": "key",
+    "in": "query",
+    "description": "Keys to show (repeat it: key=a&key=b), at most 1,000",
+    "schema": {
+        "type": "array",
+        "maxItems": 1000,
+        "items": {"type": "string", "pattern": "^" + KEY_NAME_PATTERN.pattern + "$"},
+    },
+    "style": "form",
+    "explode": True,
+}
+
 KEY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["name", "next_id", "step", "start", "max", "remaining", "bounded"],
@@ -678,14 +691,30 @@ def openapi_document(version: str) -> dict[str, Any]:
             },
             "/metrics": {
                 "get": {
-                    "summary": "Prometheus metrics of this process",
-                    "responses": {"200": _text("Prometheus text format 0.0.4"), "503": E503},
+                    "summary": "Prometheus metrics of every worker: aggregates and each "
+                    "worker's busiest keys; with key=, those keys as the answering worker has them",
+                    "parameters": [KEYS_QUERY],
+                    "responses": {
+                        "200": _text("Prometheus text format 0.0.4"),
+                        "400": E400,
+                        "503": E503,
+                    },
                 }
             },
             "/v1/stats": {
                 "get": {
-                    "summary": "Every key with this process's ranges, for the dashboard",
-                    "responses": {"200": _json({"type": "object"}), "503": E503},
+                    "summary": "Every worker's totals and the busiest keys (or the ones named, "
+                    "or all), with this process's ranges, for the dashboard",
+                    "parameters": [
+                        KEYS_QUERY,
+                        {
+                            "name": "all",
+                            "in": "query",
+                            "description": "1: every key, by name, at most 10,000",
+                            "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
+                        },
+                    ],
+                    "responses": {"200": _json({"type": "object"}), "400": E400, "503": E503},
                 }
             },
             "/openapi.json": {

@@ -8,11 +8,16 @@ import ipaddress
 import logging
 import math
 import os
+import shutil
 import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 from .._errors import InvalidArgument
 from ..stores import open_store
 from .config import ServerConfig
+from .metrics import MULTIPROC_ENV
 
 TARGET = "idmint.server.app:create_app"
 
@@ -61,6 +66,63 @@ def serve(config: ServerConfig) -> None:
             "--admin-loopback: behind a reverse proxy on this host, every client is loopback"
         )
     _raise_fd_limit(config.max_connections * config.workers + 256)
+    with metrics_dir():
+        _serve(config, address)
+
+
+METRICS_PREFIX = "idmint-metrics-"
+# prometheus-client's multiprocess files: counter_<pid>.db, gauge_<mode>_<pid>.db, ...
+METRICS_FILES = ("counter_*.db", "gauge_*.db", "histogram_*.db", "summary_*.db")
+
+
+@contextlib.contextmanager
+def metrics_dir() -> Iterator[Path]:
+    """The directory the workers keep their metrics in (prometheus-client's multiprocess
+    mode), set in PROMETHEUS_MULTIPROC_DIR before any worker starts: a private one made for
+    this run and removed at the end, or the one the variable names (kept, as it is the
+    user's). Either way it starts empty: a previous run's counts would add to this run's."""
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        path = Path(given)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            stale = [f for pattern in METRICS_FILES for f in path.glob(pattern)]
+            for f in stale:
+                f.unlink()
+        except OSError as exc:
+            raise InvalidArgument(
+                f"cannot use {MULTIPROC_ENV}={given} for the metrics: {exc.strerror}"
+            ) from exc
+        if stale:
+            log.info("metrics in %s; %d files of a previous run removed", path, len(stale))
+        yield path
+        return
+    _remove_orphans()
+    path = Path(tempfile.mkdtemp(prefix=f"{METRICS_PREFIX}{os.getpid()}-"))
+    os.environ[MULTIPROC_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_orphans() -> None:
+    """Remove the private metrics directories of servers that were killed (SIGKILL leaves
+    theirs behind): each is named after its server's pid; one whose process runs stays."""
+    for path in Path(tempfile.gettempdir()).glob(f"{METRICS_PREFIX}*-*"):
+        pid = path.name[len(METRICS_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or not path.is_dir() or (_uid() and path.stat().st_uid != _uid()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass  # there, someone else's
+
+
+def _serve(config: ServerConfig, address: str) -> None:
     try:
         from granian import Granian
         from granian.constants import HTTPModes, Interfaces
@@ -184,3 +246,7 @@ def _serve_uvicorn(config: ServerConfig) -> None:
         access_log=False,
         timeout_graceful_shutdown=config.shutdown_timeout,
     )
+
+
+def _uid() -> int:
+    return os.getuid() if hasattr(os, "getuid") else 0  # no uids on Windows

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from .._errors import (
     Closed,
@@ -89,6 +90,17 @@ class SegmentOptions:
             raise InvalidArgument("wait must be above 0 and retry_after at least 0")
         if self.stripe is not None:
             check_stripe(self.stripe, 1 << 31)
+
+
+class GeneratorCounts(NamedTuple):
+    """A generator's running totals, read without the lock: cheap enough to read for
+    100,000 generators each second (stats() builds far more)."""
+
+    issued: int
+    refills: int
+    refill_seconds: float
+    conflicts: int
+    failing: bool  # the last refill failed
 
 
 @dataclass(frozen=True)
@@ -652,6 +664,15 @@ class SegmentGenerator(ForkAware):
         seg, before = self._seg, self._issued_before
         return (
             before + (seg.position() - seg.start) // seg.stride if seg.stop > seg.start else before
+        )
+
+    def counts(self) -> GeneratorCounts:
+        return GeneratorCounts(
+            self.issued(),
+            self._refills,
+            self._refill_seconds_total,
+            self._conflicts,
+            self._error is not None,
         )
 
     def stats(self) -> SegmentStats:
