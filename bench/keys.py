@@ -17,7 +17,7 @@ with `--keys` keys. Figures:
   floor_ms_p99         one range taken straight from the same store by this process (what a
                        cold key's first id waits for at least); first_id_ratio is their ratio
   metrics_ms, stats_ms GET /metrics and /v1/stats (bytes too); livez_ms_max: /livez answered
-                       while those scrapes ran
+                       while those scrapes ran; livez_ms_max_no_scrape: over 10 s without
 Targets: threads <= 16, idle_key_bytes <= 2048.
 """
 
@@ -122,8 +122,9 @@ def touch_all(port: int, names: list[str], threads: int) -> None:
         w.join()
 
 
-def scrape(port: int, path: str, rounds: int) -> tuple[float, int, float]:
-    """(best ms, bytes, slowest /livez ms while the scrapes ran)."""
+def scrape(port: int, path: str | None, rounds: int) -> tuple[float, int, float]:
+    """(best ms, bytes, slowest /livez ms while the scrapes ran); no path: /livez alone for
+    `rounds` seconds (what the server's own background work costs it)."""
     livez: list[float] = []
     stop = threading.Event()
 
@@ -136,11 +137,15 @@ def scrape(port: int, path: str, rounds: int) -> tuple[float, int, float]:
     prober = threading.Thread(target=probe)
     prober.start()
     client = Http(port)
-    times, size = [], 0
+    times, size = [0.0], 0
     for _ in range(rounds):
+        if path is None:
+            time.sleep(1.0)
+            continue
         ms, body = client.get(path)
         times.append(ms)
         size = len(body)
+    times = times[1:] or times
     stop.set()
     prober.join()
     return min(times), size, max(livez or [0.0])
@@ -202,6 +207,7 @@ def main() -> None:
             rss_used, threads = proc_figures(pid)
             metrics_ms, metrics_bytes, livez_metrics = scrape(port, "/metrics", 3)
             stats_ms, stats_bytes, livez_stats = scrape(port, "/v1/stats", 3)
+            _, _, livez_idle = scrape(port, None, 10)
     result.update(
         keys=args.keys,
         threads=threads,
@@ -220,6 +226,7 @@ def main() -> None:
         stats_ms=round(stats_ms, 1),
         stats_bytes=stats_bytes,
         livez_ms_max=round(max(livez_metrics, livez_stats), 1),
+        livez_ms_max_no_scrape=round(livez_idle, 1),
     )
     result["threads_ok"] = threads <= 16
     result["idle_key_bytes_ok"] = result["idle_key_bytes"] <= 2048

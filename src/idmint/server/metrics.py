@@ -501,7 +501,7 @@ class Sources:
             return (counts.issued if counts is not None else 0) + self.ranges_handed.get(name, 0)
 
         active = set(self.counts) | set(self.ranges_handed)
-        top = heapq.nlargest(n, sorted(active), key=handed)
+        top = heapq.nsmallest(n, active, key=lambda name: (-handed(name), name))
         if len(top) < n:
             top += heapq.nsmallest(n - len(top), set(self.rows) - active)
         return top
