@@ -38,6 +38,7 @@ class Job:
     ) -> None:
         self.name, self.log, self.due = name, log, due
         self.hold, self.fails, self.raises = hold, fails, raises
+        self.delay = 0.05  # the back-off a failure asks for
         self.done = threading.Event()
 
     def refill_due(self) -> float:
@@ -52,7 +53,7 @@ class Job:
             raise RuntimeError("a bug in a job")
         if self.fails:
             self.fails -= 1
-            return 0.05
+            return self.delay
         self.done.set()
         return None
 
@@ -270,3 +271,31 @@ def test_a_slow_store_answers_503_within_the_wait_and_holds_no_thread(tmp_path: 
         assert "gave no range within 0.4 s" in answer.text
     assert app.pools["id"]._started == 0
     app.shutdown()
+
+
+class Unsure(Job):
+    def refill_due(self) -> float:
+        raise RuntimeError("a bug in refill_due")
+
+
+def test_a_job_that_cannot_tell_when_it_is_due_runs_now() -> None:
+    pool = RefillPool(1)
+    ran: list[str] = []
+    unsure = Unsure("unsure", ran, fails=1)  # through submit, then through the later heap
+    pool.submit(unsure)
+    assert unsure.done.wait(5) and ran == ["unsure", "unsure"]
+
+
+def test_no_thread_idles_out_while_a_job_waits_to_run_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("idmint.strategies.refills.IDLE_SECONDS", 0.05)
+    pool = RefillPool(1)
+    ran: list[str] = []
+    slow_retry = Job("retry", ran, fails=1)
+    slow_retry.delay = 0.3  # longer than a thread may idle
+    pool.submit(slow_retry)
+    assert slow_retry.done.wait(5), pool.stats()
+    assert ran == ["retry", "retry"]
+    time.sleep(0.2)
+    assert pool.stats()["threads"] == 0  # then it idles out

@@ -79,7 +79,7 @@ class RefillPool(ForkAware):
             if delay > 0:
                 heapq.heappush(self._later, (time.monotonic() + delay, next(self._order), job))
             else:
-                heapq.heappush(self._ready, (job.refill_due(), next(self._order), job))
+                heapq.heappush(self._ready, (_due(job), next(self._order), job))
             if self._idle:
                 self._cond.notify()
             elif self._started < self.threads:
@@ -107,14 +107,15 @@ class RefillPool(ForkAware):
             now = time.monotonic()
             while self._later and self._later[0][0] <= now:
                 _, order, job = heapq.heappop(self._later)
-                heapq.heappush(self._ready, (job.refill_due(), order, job))
+                heapq.heappush(self._ready, (_due(job), order, job))
             if self._ready:
                 return heapq.heappop(self._ready)[2]
-            wait = idle_since + IDLE_SECONDS - now
-            if self._later:
-                wait = min(wait, self._later[0][0] - now)
-            if wait <= 0:
-                return None
+            if self._later:  # never idle out while a job waits to run again
+                wait = self._later[0][0] - now
+            else:
+                wait = idle_since + IDLE_SECONDS - now
+                if wait <= 0:
+                    return None
             self._idle += 1
             try:
                 self._cond.wait(wait)
@@ -138,6 +139,15 @@ class RefillPool(ForkAware):
                 with self._cond:
                     self.retried += 1
                 self.submit(job, max(again, 0.001))
+
+
+def _due(job: RefillJob) -> float:
+    """The job's due time; now if it cannot tell (a bug there must not stop the pool)."""
+    try:
+        return job.refill_due()
+    except Exception:
+        log.exception("a refill job could not tell when it is due")
+        return time.monotonic()
 
 
 def check_threads(threads: int) -> int:
