@@ -220,7 +220,17 @@ def _progress(workers: list[Worker], more_than: dict[str, int]) -> bool:
 
 def _serve_again(workers: list[Worker], when: str, timeout: float = 30) -> None:
     served = {w.name: w.count() for w in workers}
-    wait_until(lambda: _progress(workers, served), timeout, f"every process to serve {when}")
+    try:
+        wait_until(lambda: _progress(workers, served), timeout, f"every process to serve {when}")
+    except TimeoutError as exc:
+        # Which processes stalled, and the last things they said (errors, warnings): a
+        # liveness failure in CI is otherwise a bare timeout.
+        stalled = [w for w in workers if w.count() <= served[w.name]]
+        said = {
+            w.name: [line for line in w.text().splitlines() if not line.startswith("O ")][-8:]
+            for w in stalled
+        }
+        raise TimeoutError(f"{exc}: stalled {said}") from None
 
 
 def _checked(workers: list[Worker]) -> History:
