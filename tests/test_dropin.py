@@ -179,6 +179,7 @@ def test_cosid_wire_formats_and_errors(app: App) -> None:
         ("PATCH", "/segments/app/nope?step=5", 404),
         ("POST", "/segments/distributor/app/nope?offset=0&step=5", 404),
         ("POST", "/segments/distributor/app/t?offset=-1&step=5", 400),
+        ("POST", "/segments/distributor/app/t?offset=%C2%B2&step=5", 400),  # "²": isdigit()
         ("POST", "/segments/distributor/app/t?offset=1000&step=5", 409),  # ids below it
     ]
     for method, path, status in errors:

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from .._errors import IdmintError
-from ..ids import ID_MAX, KEY_NAME_PATTERN, check_key_name
+from ..ids import ID_MAX, KEY_NAME_PATTERN, check_key_name, is_digits
 from .app import (
     MAX_IDS,
     MAX_RANGE,
@@ -242,7 +242,7 @@ class DropIn:
             self._namespace(request)
             query = parse_qs(request.query, keep_blank_values=True)
             offset = (query.get("offset") or ["0"])[-1].strip()
-            if not offset.isdigit() or len(offset) > 19:
+            if not is_digits(offset) or len(offset) > 19:
                 raise HttpError(400, f"offset must be a non-negative integer, not {offset!r}")
             request.param("step", 1, ID_MAX)  # checked, unused: each call says its own
             row = await self.app._key_row(key)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._errors import InvalidArgument
+from ..ids import is_digits
 from ..stores import open_store
 from .config import ServerConfig
 from .metrics import MULTIPROC_ENV
@@ -112,7 +113,7 @@ def _remove_orphans() -> None:
     theirs behind): each is named after its server's pid; one whose process runs stays."""
     for path in Path(tempfile.gettempdir()).glob(f"{METRICS_PREFIX}*-*"):
         pid = path.name[len(METRICS_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or not path.is_dir() or (_uid() and path.stat().st_uid != _uid()):
+        if not is_digits(pid) or not path.is_dir() or (_uid() and path.stat().st_uid != _uid()):
             continue
         try:
             os.kill(int(pid), 0)
