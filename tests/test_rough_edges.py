@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import idmint
 from idmint import InvalidArgument
 from idmint.cli import main
 from idmint.server import App, ServerConfig
@@ -196,3 +197,16 @@ def test_the_sdist_carries_the_tests_and_they_import(tmp_path: Path) -> None:
     )
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
     assert "error" not in collected.stdout.lower().splitlines()[-1]
+
+
+def test_no_code_trusts_str_isdigit_outside_is_digits() -> None:
+    """str.isdigit() is true of "²", which int() refuses: a 500 or a traceback each time it
+    crept back (decode, the redis db, CosId's offset). ids.is_digits is the one check."""
+    src = Path(idmint.__file__).parent
+    found = [
+        f"{path.relative_to(src)}:{number}"
+        for path in sorted(src.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ".isdigit()" in line and path.name != "ids.py"
+    ]
+    assert not found, f"use ids.is_digits: {found}"
