@@ -253,6 +253,7 @@ def _child_ids(
 
 def test_forked_children_and_the_parent_never_share_an_id(urls: list[str]) -> None:
     minter = idmint.connect("memory://")
+    minter.add_quorum_key("ticket")
     gen = minter.quorum("ticket", urls)
     before = gen.next_ids(100)
     context = multiprocessing.get_context("fork")
@@ -281,12 +282,15 @@ def test_forked_children_and_the_parent_never_share_an_id(urls: list[str]) -> No
 
 
 def test_cli_next_quorum_prints_ids_and_refuses_bad_lists_in_one_line(
-    nodes: QuorumNodes, capsys: pytest.CaptureFixture[str]
+    nodes: QuorumNodes, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     joined = nodes.joined(f"cli{next(_prefixes)}")
-    assert cli_main(["next", "ticket", "--quorum", joined, "-n", "3"]) == 0
+    store = ["--store", f"sqlite:///{tmp_path / 'a.db'}"]
+    assert cli_main([*store, "quorum", "add", "ticket"]) == 0
+    assert capsys.readouterr().out == f"quorum key ticket: ids 1..{idmint.ID_MAX}\n"
+    assert cli_main([*store, "next", "ticket", "--quorum", joined, "-n", "3"]) == 0
     assert capsys.readouterr().out.split() == ["1", "2", "3"]
-    assert cli_main(["next", "ticket", "--quorum", joined]) == 0
+    assert cli_main([*store, "next", "ticket", "--quorum", joined]) == 0
     assert capsys.readouterr().out.split() == ["4"]
     for argv, reason in (
         (["next", "t", "--quorum", ",".join(joined.split(",")[:2])], "odd number of nodes"),
@@ -298,7 +302,11 @@ def test_cli_next_quorum_prints_ids_and_refuses_bad_lists_in_one_line(
         assert reason in err and err.count("\n") == 1, err
 
 
-def test_cli_refuses_an_unsafe_node_unless_told(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_an_unsafe_node_unless_told(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    store = ["--store", f"sqlite:///{tmp_path / 'a.db'}"]
+    assert cli_main([*store, "quorum", "add", "t"]) == 0
     weak = RedisServer(appendfsync=None)
     weak.start()
     try:
@@ -306,10 +314,11 @@ def test_cli_refuses_an_unsafe_node_unless_told(capsys: pytest.CaptureFixture[st
         for server in others:
             server.start()
         joined = ",".join(s.store_url("c") for s in (weak, *others))
-        assert cli_main(["next", "t", "--quorum", joined]) == 2
+        capsys.readouterr()
+        assert cli_main([*store, "next", "t", "--quorum", joined]) == 2
         err = capsys.readouterr().err
         assert "appendonly no" in err and err.count("\n") == 1
-        assert cli_main(["next", "t", "--quorum", joined, "--unsafe-nodes"]) == 0
+        assert cli_main([*store, "next", "t", "--quorum", joined, "--unsafe-nodes"]) == 0
         assert capsys.readouterr().out.split() == ["1"]
     finally:
         weak.close()
@@ -321,6 +330,8 @@ def test_the_server_hands_out_ranges_with_group_commit_and_reports_them(
     tmp_path: Path, nodes: QuorumNodes
 ) -> None:
     joined = nodes.joined(f"srv{next(_prefixes)}")
+    with idmint.connect(f"sqlite:///{tmp_path / 'a.db'}") as minter:
+        minter.add_quorum_key("ticket")
     app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'a.db'}", quorum=joined))
     got = call(app, "GET", "/v1/quorum/ticket/ids?count=5")
     assert got.status_code == 200, got.text
@@ -341,6 +352,35 @@ def test_the_server_hands_out_ranges_with_group_commit_and_reports_them(
     assert missing.status_code == 404 and "--quorum" in missing.text
     with pytest.raises(InvalidArgument, match="bad node list"):
         ServerConfig(quorum="not urls")
+
+
+def test_the_server_serves_only_quorum_keys_an_admin_made(
+    tmp_path: Path, nodes: QuorumNodes
+) -> None:
+    """On main a segment key `ticket` and the quorum route's `ticket` (made on first request)
+    both handed out 1, 2, 3 on one server, and every made-up name made a generator."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    with idmint.connect(url) as minter:
+        minter.add_key("ticket")
+        with pytest.raises(idmint.NameTaken, match="as a segment key"):
+            minter.add_quorum_key("ticket")
+        minter.add_quorum_key("vote")
+    app = App(ServerConfig(store=url, quorum=nodes.joined(f"own{next(_prefixes)}")))
+    try:
+        wrong = call(app, "GET", "/v1/quorum/ticket/ids")
+        assert wrong.status_code == 404 and "segment key, not a quorum key" in wrong.text
+        for i in range(50):
+            assert call(app, "GET", f"/v1/quorum/made-up{i}/ids").status_code == 404
+        assert call(app, "GET", "/v1/quorum/made-up0/ids").status_code == 404  # remembered
+        assert app.minter is not None and app.minter.quorums() == []
+        assert call(app, "GET", "/v1/quorum/vote/ids?count=3").json()["start"] == 1
+        assert call(app, "GET", "/v1/keys/ticket/ids?count=3").json()["ids"] == [1, 2, 3]
+        for path in ("/v1/keys/vote/ids", "/api/segment/get/vote"):
+            got = call(app, "GET", path)
+            assert got.status_code == 404 and "quorum key" in got.text, (path, got.text)
+        assert len(app.minter.quorums()) == 1
+    finally:
+        app.shutdown()
 
 
 def test_sql_and_mixed_nodes_run_rounds_on_a_thread_per_node(

@@ -23,14 +23,17 @@ from ._errors import (
     KeyExists,
     KeyNotFound,
     LeaseLost,
+    NameTaken,
     QuorumUnavailable,
     RunwaySpent,
     StoreUnavailable,
     WorkerInUse,
     WorkersExhausted,
+    WrongKind,
 )
 from ._minter import Minter, connect, open_quorum
 from .ids import ID_MAX, UINT31_MAX, Key, Range
+from .keyspace import QuorumKey
 from .layout import Decoded, Layout
 from .stores import DEFAULT_STORE_URL, RangeStore, open_store
 from .strategies.datacenter import DatacenterRanges, DatacenterStatus, ReservationSizing
@@ -76,7 +79,9 @@ __all__ = [
     "Layout",
     "LeaseLost",
     "Minter",
+    "NameTaken",
     "QuorumGenerator",
+    "QuorumKey",
     "QuorumOptions",
     "QuorumStats",
     "QuorumUnavailable",
@@ -92,6 +97,7 @@ __all__ = [
     "StoreUnavailable",
     "WorkerInUse",
     "WorkersExhausted",
+    "WrongKind",
     "__version__",
     "connect",
     "open_quorum",

@@ -4,7 +4,9 @@
      ├── InvalidArgument        bad input: key name, count, option, store URL (a ValueError)
      │    └── DriverMissing      the store's driver is not installed: names the extra to install
      ├── KeyNotFound            the key is not in the store (also LookupError)
+     │    └── WrongKind          the name is a key of another kind (asked as segment, is quorum)
      ├── KeyExists              `add` of a key that is already there
+     │    └── NameTaken          `add` of a name that is a key of another kind
      ├── Exhausted              a bounded key has no ids left
      │    └── DatacenterRetired  the datacenter gave its reservation back: it takes no more ids
      ├── StoreUnavailable       the store cannot be reached or did not answer in time; transient
@@ -40,17 +42,45 @@ class DriverMissing(InvalidArgument):
 class KeyNotFound(IdmintError, LookupError):
     """The key does not exist in the store."""
 
-    def __init__(self, key: str) -> None:
-        super().__init__(f"key {key!r} not found; create it with `idmint keys add {key}`")
+    def __init__(self, key: str, message: str | None = None) -> None:
+        super().__init__(
+            message or f"key {key!r} not found; create it with `idmint keys add {key}`"
+        )
         self.key = key
+
+    def again(self) -> KeyNotFound:
+        """A new exception like this one (a stored error raised anew in another thread)."""
+        return KeyNotFound(self.key, str(self))
+
+
+class WrongKind(KeyNotFound):
+    """The key was asked for as one kind (a segment key, say) and the name is a key of another
+    kind (a datacenter or quorum key): a name is one key of one kind per store. The message says
+    how to ask for the key it is."""
+
+    def __init__(self, key: str, kind: str, wanted: str, message: str) -> None:
+        super().__init__(key, message)
+        self.kind, self.wanted = kind, wanted
+
+    def again(self) -> WrongKind:
+        return WrongKind(self.key, self.kind, self.wanted, str(self))
 
 
 class KeyExists(IdmintError):
     """A key with this name already exists."""
 
-    def __init__(self, key: str) -> None:
-        super().__init__(f"key {key!r} already exists")
+    def __init__(self, key: str, message: str | None = None) -> None:
+        super().__init__(message or f"key {key!r} already exists")
         self.key = key
+
+
+class NameTaken(KeyExists):
+    """A key was to be made under a name that is a key of another kind: never a second key
+    under one name (its ids would repeat the first's). Not an "exists, fine" for --exist-ok."""
+
+    def __init__(self, key: str, kind: str, message: str) -> None:
+        super().__init__(key, message)
+        self.kind = kind
 
 
 class Exhausted(IdmintError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 from ._errors import Closed, Exhausted, InvalidArgument
 from ._fork import ForkAware, private_random
@@ -19,6 +20,7 @@ from .ids import (
     check_key_name,
     check_max_batch,
 )
+from .keyspace import DATACENTER, SEGMENT, KeySpace, KindCheckedRanges, QuorumKey
 from .layout import Layout
 from .stores import DEFAULT_TIMEOUT, open_engine
 from .stores.base import LeaseStore, RangeStore, StoreIdentity
@@ -80,11 +82,19 @@ class Minter(ForkAware):
         lease_store: LeaseStore | None = None,
         engine: Engine | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        keyspace: KeySpace | None = None,
     ) -> None:
         self.store = store
         self.lease_store = lease_store
         #: The engine the stores came from (connect() sets it): closed with the minter.
         self.engine = engine
+        #: The store's one namespace of key names (connect() sets it): see keyspace.py.
+        self.keyspace = keyspace
+        #: The store as generators and key admin use it: it claims the names of keys it makes
+        #: and says what a name is when it is no key of this kind.
+        self.ranges = self._kind_checked(
+            store, DATACENTER if isinstance(store, DatacenterRanges) else SEGMENT
+        )
         self.segment_options = segment_options or SegmentOptions()
         self._segments: dict[str, SegmentGenerator] = {}
         # Datacenter keys served through datacenters other than the store's own (datacenter())
@@ -98,6 +108,9 @@ class Minter(ForkAware):
         self._lock = threading.Lock()
         self._closed = False
         self._watch_fork()
+
+    def _kind_checked(self, store: RangeStore, kind: str) -> RangeStore:
+        return store if self.keyspace is None else KindCheckedRanges(store, self.keyspace, kind)
 
     def _after_fork(self) -> None:
         # Generators and stores reset themselves; only the locks may be the parent's.
@@ -145,7 +158,7 @@ class Minter(ForkAware):
         check_max_batch(max_batch)
         if len(description) > 256:
             raise InvalidArgument("description must be at most 256 characters")
-        key = self.store.add_key(
+        key = self.ranges.add_key(
             name, step=step, first_id=start, last_id=max, description=description, stripes=stripes
         )
         return self.set_max_batch(name, max_batch) if max_batch else key
@@ -154,11 +167,11 @@ class Minter(ForkAware):
         """Cap the ids one request may take over HTTP from key `name` (a range, a batch) at
         `max_batch`; 0 restores the default, the key's step x 100 (at most 10,000,000). It is
         kept in the key's row, so every server on the store applies the same cap."""
-        return self.store.set_max_batch(check_key_name(name), check_max_batch(max_batch))
+        return self.ranges.set_max_batch(check_key_name(name), check_max_batch(max_batch))
 
     def key(self, name: str) -> Key:
         """The key's row in the store. Raises KeyNotFound."""
-        return self.store.get_key(check_key_name(name))
+        return self.ranges.get_key(check_key_name(name))
 
     def keys(self) -> list[Key]:
         """Every key in the store, sorted by name."""
@@ -167,7 +180,7 @@ class Minter(ForkAware):
     def raise_floor(self, name: str, to: int) -> Key:
         """Make every range taken from now on start at or above `to` (for keys that must stay
         above imported legacy ids). Only moves up; ranges already held are served out first."""
-        return self.store.raise_floor(check_key_name(name), to)
+        return self.ranges.raise_floor(check_key_name(name), to)
 
     def take(self, name: str, count: int, *, stripe: int | None = None) -> Range:
         """Take `count` ids as one range straight from the store (fewer at a bounded key's end,
@@ -175,7 +188,7 @@ class Minter(ForkAware):
         stripe with ids left: see allocate_any); the range's stride is the key's stripes.
         No buffering: for one-off batches and for handing ranges to clients."""
         check_count(count)
-        return allocate_any(self.store, check_key_name(name), count, stripe=stripe).range
+        return allocate_any(self.ranges, check_key_name(name), count, stripe=stripe).range
 
     def segment(self, name: str, options: SegmentOptions | None = None) -> SegmentGenerator:
         """The segment generator of a key: one per key and minter, made on first call (the
@@ -186,7 +199,7 @@ class Minter(ForkAware):
                 raise Closed("the minter is closed")
             gen = self._segments.get(name)
             if gen is None or gen.closed:
-                gen = SegmentGenerator(self.store, name, options or self.segment_options)
+                gen = SegmentGenerator(self.ranges, name, options or self.segment_options)
                 self._segments[name] = gen
             return gen
 
@@ -271,7 +284,7 @@ class Minter(ForkAware):
         background. Keeps serving while the global level is out of reach, until the
         reservation and the preloaded range are spent (then RunwaySpent)."""
         check_key_name(name)
-        store = self.datacenters(dc, dc_store=dc_store)
+        store = self._kind_checked(self.datacenters(dc, dc_store=dc_store), DATACENTER)
         with self._lock:
             gen = self._dc_generators.get((name, dc))
             if gen is None or gen.closed:
@@ -296,20 +309,61 @@ class Minter(ForkAware):
         check_key_bounds(step, start, max)
         if len(description) > 256:
             raise InvalidArgument("description must be at most 256 characters")
+        if self.keyspace is not None:
+            self.keyspace.claim(name, DATACENTER)
         return self._global_level().add_key(
             name, step=step, first_id=start, last_id=max, description=description, sizing=sizing
         )
 
     # -- quorum keys (antirez's algorithm: strategies/quorum.py) ------------------------------
 
+    def _keys_of_every_kind(self) -> KeySpace:
+        if self.keyspace is None:
+            raise InvalidArgument(
+                "quorum keys are made and found in a store: use a minter made by idmint.connect()"
+            )
+        return self.keyspace
+
+    def add_quorum_key(
+        self,
+        name: str,
+        *,
+        start: int = DEFAULT_FIRST_ID,
+        max: int = ID_MAX,
+        description: str = "",
+        exist_ok: bool = False,
+    ) -> QuorumKey:
+        """Make quorum key `name`, whose ids run from `start` to `max`, in this store (its
+        counters live on the nodes it is served from: see quorum()). Raises KeyExists (with
+        `exist_ok`, only when it exists with other bounds), NameTaken if the name is a key of
+        another kind."""
+        check_key_name(name)
+        check_key_bounds(1, start, max)
+        if len(description) > 256:
+            raise InvalidArgument("description must be at most 256 characters")
+        return self._keys_of_every_kind().add_quorum_key(
+            name, start=start, max=max, description=description, exist_ok=exist_ok
+        )
+
+    def quorum_key(self, name: str) -> QuorumKey:
+        """Quorum key `name` as its admin made it. Raises KeyNotFound (WrongKind when the name
+        is a key of another kind)."""
+        return self._keys_of_every_kind().quorum_key(check_key_name(name))
+
+    def quorum_keys(self) -> list[QuorumKey]:
+        """Every quorum key of this store, sorted by name."""
+        return self._keys_of_every_kind().quorum_keys()
+
     def quorum(
         self, name: str, nodes: list[str], options: QuorumOptions | None = None
     ) -> QuorumGenerator:
-        """Quorum key `name` on `nodes` (store URLs of independent servers, an odd number, 3 or
-        more): each id above every id of the key handed out before the call began, by any
-        caller. Needs no key made first, and does not use this minter's store. Checks the
-        nodes that answer now (InvalidArgument for one that does not fsync each write; see
-        QuorumOptions.unsafe). One per key and node list, closed with the minter."""
+        """Quorum key `name` (made with add_quorum_key in this minter's store, which keeps its
+        bounds) served from `nodes` (store URLs of independent servers, an odd number, 3 or
+        more, where its counters live): each id above every id of the key handed out before
+        the call began, by any caller. Checks the nodes that answer now (InvalidArgument for
+        one that does not fsync each write; see QuorumOptions.unsafe). One per key and node
+        list, closed with the minter. Raises KeyNotFound (WrongKind) for a name that is no
+        quorum key."""
         with self._quorum_lock:  # one generator per key and nodes, even when asked at once
             with self._lock:
                 if self._closed:
@@ -317,7 +371,9 @@ class Minter(ForkAware):
                 made = self._quorums.get((name, tuple(nodes)))
                 if made is not None and not made.closed:
                     return made
-            made = open_quorum(name, nodes, options, timeout=self.timeout)
+            key = self.quorum_key(name)
+            bounded = replace(options or QuorumOptions(), start=key.start, max=key.max)
+            made = open_quorum(name, nodes, bounded, timeout=self.timeout)
             with self._lock:
                 self._quorums[(name, tuple(nodes))] = made
             return made
@@ -422,7 +478,9 @@ def open_quorum(
     timeout: float = DEFAULT_TIMEOUT,
 ) -> QuorumGenerator:
     """Quorum key `name` on the store URLs `nodes` (see Minter.quorum), each call to a node
-    bounded by `timeout` seconds. The caller closes it."""
+    bounded by `timeout` seconds, with the bounds `options` gives: the building block under
+    Minter.quorum, for callers that keep their quorum keys' names and bounds themselves (no
+    store checks that the name is a quorum key). The caller closes it."""
     check_key_name(name)
     if isinstance(nodes, str):
         raise InvalidArgument("nodes is a list of store URLs, not one string")
@@ -466,4 +524,5 @@ def connect(
         lease_store=engine.leases(),
         engine=engine,
         timeout=timeout,
+        keyspace=KeySpace(engine.cas(), engine.ranges()),
     )

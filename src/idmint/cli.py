@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import click
 
 from . import __version__
-from ._errors import Exhausted, IdmintError, InvalidArgument, KeyExists, KeyNotFound
-from ._minter import Minter, connect, open_quorum
+from ._errors import Exhausted, IdmintError, InvalidArgument, KeyExists, KeyNotFound, NameTaken
+from ._minter import Minter, connect
 from .ids import (
     BATCH_CAP_MAX,
     DEFAULT_FIRST_ID,
@@ -253,8 +253,8 @@ def keys_add(
                 max_batch=max_batch,
                 stripes=stripes,
             )
-        except KeyExists:
-            if not exist_ok:
+        except KeyExists as exc:
+            if not exist_ok or isinstance(exc, NameTaken):  # another kind's name: never fine
                 raise
             key = minter.key(name)
             click.echo(f"{key.name} exists: {_describe_key(key)}")
@@ -413,12 +413,11 @@ def next_(
 
 
 def _quorum_ids(ctx: click.Context, name: str, nodes: str, unsafe: bool, count: int) -> Range:
+    """Ids of quorum key `name` (made in the store with `idmint quorum add`) from `nodes`."""
     options = QuorumOptions(unsafe=unsafe, deadline=max(ctx.obj["timeout"], 5.0))
-    generator = open_quorum(name, split_nodes(nodes), options, timeout=ctx.obj["timeout"])
-    try:
-        return generator.take(count)
-    finally:
-        generator.close()
+    node_urls = split_nodes(nodes)  # a bad list is bad input, whatever the store
+    with _minter(ctx) as minter:
+        return minter.quorum(name, node_urls, options).take(count)
 
 
 def _print_ids(taken: Range) -> None:
@@ -798,6 +797,57 @@ def _given(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
 
+@cli.group("quorum")
+def quorum_group() -> None:
+    """Quorum keys: ids strictly increasing across every caller, from a majority of nodes.
+
+    The store (--store) keeps each key's name and bounds, so that a name is one key of one
+    kind; the key's counters live on the nodes it is served from (--quorum URLS)."""
+
+
+@quorum_group.command("add")
+@store_options
+@click.argument("name")
+@click.option(
+    "--start", type=int, default=DEFAULT_FIRST_ID, show_default=True, help="The first id."
+)
+@click.option(
+    "--max",
+    "max_",
+    type=int,
+    default=ID_MAX,
+    help=f"The largest id; {UINT31_MAX} for a 32-bit key [default: {ID_MAX}].",
+)
+@click.option("--description", default="", help="Free text, up to 256 characters.")
+@click.option(
+    "--exist-ok", is_flag=True, help="The same key already there (same bounds) is not an error."
+)
+@click.pass_context
+def quorum_add(
+    ctx: click.Context, name: str, start: int, max_: int, description: str, exist_ok: bool
+) -> None:
+    """Create quorum key NAME (its name and bounds, in the store)."""
+    with _minter(ctx, create=True) as minter:
+        key = minter.add_quorum_key(
+            name, start=start, max=max_, description=description, exist_ok=exist_ok
+        )
+    click.echo(f"quorum key {key.name}: ids {key.start}..{key.max}")
+
+
+@quorum_group.command("list")
+@store_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per key.")
+@click.pass_context
+def quorum_list(ctx: click.Context, as_json: bool) -> None:
+    """List every quorum key."""
+    with _minter(ctx) as minter:
+        found = minter.quorum_keys()
+    for key in found:
+        click.echo(
+            json.dumps(key.as_dict()) if as_json else f"{key.name}  ids {key.start}..{key.max}"
+        )
+
+
 @cli.group("dc")
 def dc_group() -> None:
     """Datacenter keys: ids that keep coming while a datacenter is cut off (Farfetch's design).
@@ -853,8 +903,8 @@ def dc_add(
                 description=description,
                 sizing=ReservationSizing(**_given(sizing)),
             )
-        except KeyExists:
-            if not exist_ok:
+        except KeyExists as exc:
+            if not exist_ok or isinstance(exc, NameTaken):  # another kind's name: never fine
                 raise
             key = minter.datacenters().get_key(name)
             click.echo(f"{key.name} exists: {_describe_key(key)}")

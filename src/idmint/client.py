@@ -249,9 +249,9 @@ def _error_for(response: httpx.Response, path: str) -> IdmintError:
     reason = _reason(response)
     key = path.split("/")[3] if path.startswith("/v1/keys/") else ""
     if response.status_code == 404 and key:
-        return KeyNotFound(key)
+        return KeyNotFound(key, reason or None)  # the server's reason: what the name is
     if response.status_code == 409:
-        return KeyExists(key or "?")
+        return KeyExists(key or "?", reason or None)
     if response.status_code == 410:
         # One stripe of a striped key, or the whole key (see the server's 410 headers).
         last_id = _header_int(response, "idmint-last-id")

@@ -336,7 +336,8 @@ class App:
         self.hot_handed = 0
         self._gens: dict[str, SegmentGenerator] = {}
         self._quorums: dict[str, QuorumGenerator] = {}
-        self._missing: dict[str, float] = {}
+        # Names found to be no key (of the kind asked for), and until when that is trusted.
+        self._missing: dict[str, tuple[float, KeyNotFound]] = {}
         self._rates: dict[str, RateMeter] = {}
         self._counts: dict[str, GeneratorCounts] = {}  # each generator's, as last sampled
         #: prometheus-client: in multiprocess mode under `idmint serve`, the whole server's.
@@ -723,18 +724,25 @@ class App:
         row = self._key_rows.get(key)
         if row is not None:
             return row
-        now = time.monotonic()
-        if self._missing.get(key, 0.0) > now:
-            raise KeyNotFound(key)
+        self._check_missing(key)
         try:
             row = await self.pools["id"].run(self._store_deadline, self.minter.key, key)
-        except KeyNotFound:
-            if len(self._missing) > 10_000:
-                self._missing.clear()
-            self._missing[key] = now + NEGATIVE_CACHE_SECONDS
+        except KeyNotFound as exc:
+            self._remember_missing(key, exc)
             raise
         self._key_rows[key] = row
         return row
+
+    def _check_missing(self, name: str) -> None:
+        """Raise the KeyNotFound `name` was last answered with, while it is trusted."""
+        missing = self._missing.get(name)
+        if missing is not None and missing[0] > time.monotonic():
+            raise missing[1].again()
+
+    def _remember_missing(self, name: str, error: KeyNotFound) -> None:
+        if len(self._missing) > 10_000:
+            self._missing.clear()
+        self._missing[name] = (time.monotonic() + NEGATIVE_CACHE_SECONDS, error)
 
     def _keep_rows(self, keys: list[Key]) -> list[Key]:
         self._key_rows.update((k.name, k) for k in keys)
@@ -935,12 +943,19 @@ class App:
             raise HttpError(404, "this server has no quorum nodes (start it with --quorum URLS)")
         count = request.param("count", 1, MAX_QUORUM)
         gen = self._quorums.get(key)
-        if gen is None:  # the first request checks the nodes: on a thread
+        if gen is None:  # the first request reads the key and checks the nodes: on a thread
+            missing = f"quorum:{key}"  # a name may be no quorum key and a segment key
+            self._check_missing(missing)
             options = QuorumOptions(unsafe=self.config.unsafe_nodes, max_batch=MAX_QUORUM)
             make = functools.partial(
                 self.minter.quorum, key, split_nodes(self.config.quorum), options
             )
-            gen = self._quorums[key] = await self.pools["id"].run(self._id_deadline, make)
+            try:
+                gen = await self.pools["id"].run(self._id_deadline, make)
+            except KeyNotFound as exc:  # only keys an admin made: `idmint quorum add`
+                self._remember_missing(missing, exc)
+                raise
+            self._quorums[key] = gen
         ids = await gen.take_async(count)
         self.counters.handed[QUORUM_ROUTE] += len(ids)
         return _json({"key": key, "start": ids.start, "stop": ids.stop, "count": len(ids)})

@@ -404,7 +404,7 @@ class SegmentGenerator(ForkAware):
         would keep growing its traceback."""
         fresh: IdmintError
         if isinstance(error, KeyNotFound):
-            fresh = KeyNotFound(error.key)
+            fresh = error.again()
         elif isinstance(error, DatacenterRetired):
             fresh = DatacenterRetired(error.key, error.dc)
         elif isinstance(error, Exhausted):
