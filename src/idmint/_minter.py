@@ -99,7 +99,7 @@ class Minter(ForkAware):
         self._segments: dict[str, SegmentGenerator] = {}
         # Datacenter keys served through datacenters other than the store's own (datacenter())
         self._datacenters: dict[tuple[str, str | None], DatacenterRanges] = {}
-        self._dc_generators: dict[tuple[str, str], SegmentGenerator] = {}
+        self._dc_generators: dict[tuple[str, str, str | None], SegmentGenerator] = {}
         #: Seconds a store call may take, for stores the minter opens itself (a dc_store).
         self.timeout = timeout
         self._snowflakes: list[SnowflakeGenerator] = []
@@ -286,10 +286,10 @@ class Minter(ForkAware):
         check_key_name(name)
         store = self._kind_checked(self.datacenters(dc, dc_store=dc_store), DATACENTER)
         with self._lock:
-            gen = self._dc_generators.get((name, dc))
+            gen = self._dc_generators.get((name, dc, dc_store))
             if gen is None or gen.closed:
                 gen = SegmentGenerator(store, name, options or self.segment_options)
-                self._dc_generators[(name, dc)] = gen
+                self._dc_generators[(name, dc, dc_store)] = gen
             return gen
 
     def add_datacenter_key(

@@ -28,6 +28,11 @@ range starts a background grant. A reservation is sized by time: enough for `run
 the rate the datacenter handed out ids over the last window (two windows at most), between the
 key's minimum and maximum reservation, never past the key's maximum.
 
+A datacenter name means one local store: the global cell binds the name to its store's identity
+before the datacenter's cell is first made (and checks it with every grant), so a second store
+under that name (a typo in --dc-store, a region that copied IDMINT_DC) is refused before it
+serves anything; `reset` moves a datacenter to another store on purpose.
+
 When the global store is out of reach, a datacenter serves from its reservation and preloaded
 range, retrying the grant in the background; when both are spent, allocations raise
 RunwaySpent until the global store answers again.
@@ -179,6 +184,8 @@ class GlobalRow:
     free: tuple[tuple[int, int], ...] = ()  # given back by retired datacenters, lowest first
     grants: dict[str, Grant] = field(default_factory=dict)  # each datacenter's latest
     returned: dict[str, int] = field(default_factory=dict)  # highest grant seq given back
+    # Each datacenter's own store, bound at its first use: {"id": identity, "url": shown}.
+    stores: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def encode(self) -> str:
         row = asdict(self)
@@ -417,6 +424,7 @@ class DatacenterRanges(ForkAware):
         self._preloading: set[str] = set()
         self._spent_until: dict[str, float] = {}  # key -> monotonic time: global space gone
         self._seen: dict[str, LocalRow] = {}  # key -> its cell as this process last wrote it
+        self._local_id: dict[str, str] | None = None  # the local store, as bindings name it
         self._stopping = threading.Event()
         self._watch_fork()
 
@@ -496,6 +504,49 @@ class DatacenterRanges(ForkAware):
             lambda: self._count(**{conflicts: 1}),
         )[0]
 
+    def _local_store(self) -> dict[str, str]:
+        """This datacenter's store as the global cell binds it: its identity (its URL for a
+        store without one) and its URL for messages."""
+        if self._local_id is None:
+            identity = self.local_cas.identity()
+            url = self.local_cas.display_url
+            self._local_id = {"id": identity.id if identity is not None else url, "url": url}
+        return self._local_id
+
+    def _check_bound(self, name: str, top: GlobalRow) -> bool:
+        """Whether the global cell binds this datacenter to a store yet; InvalidArgument if it
+        binds it to another store than this process's."""
+        bound = top.stores.get(self.dc)
+        if bound is None:
+            return False
+        mine = self._local_store()
+        if bound["id"] != mine["id"]:
+            raise InvalidArgument(
+                f"datacenter {self.dc!r} of key {name!r} keeps its cell in {bound['url']} "
+                f"(store {bound['id']}), not in {mine['url']} (store {mine['id']}): two stores "
+                "under one datacenter name would serve the same reservations (or its store lost "
+                "its data, and with it its identity). Check --dc and "
+                "--dc-store (IDMINT_DC, IDMINT_DC_STORE); to move the datacenter to this store "
+                f"on purpose, once no process serves from the other: `idmint dc reset {name} "
+                f"--dc {self.dc} --dc-store URL`"
+            )
+        return True
+
+    def _bind(self, name: str) -> GlobalRow:
+        """Bind this datacenter's name to its store in the global cell, unless it is bound to
+        it already (InvalidArgument if bound to another). Returns the global cell."""
+
+        def attempt() -> tuple[int | None, str | None, GlobalRow]:
+            top, version = self._read_global(name)
+            if self._check_bound(name, top):
+                return version, None, top
+            top = replace(top, stores={**top.stores, self.dc: self._local_store()})
+            return version, top.encode(), top
+
+        return self._update(
+            self.global_cas, global_cell(name), f"bind {self.dc} of {name}", attempt, on_global=True
+        )
+
     def _local_row(self, name: str) -> tuple[LocalRow, int]:
         """The datacenter's cell of `name` and its version, made on first use (before the
         datacenter's first grant: a grant is only ever made for a cell that exists).
@@ -512,6 +563,7 @@ class DatacenterRanges(ForkAware):
             got = self._read_local(name)
             if got is not None:
                 return got
+            self._check_bound(name, top)  # another store under this name: say so first
             grant = top.grants.get(self.dc)
             done = top.returned.get(self.dc, 0)
             if grant is not None and grant.seq > done:
@@ -522,6 +574,7 @@ class DatacenterRanges(ForkAware):
                     "it handed out may repeat. Once no process serves the old reservations, "
                     f"abandon them with `idmint dc reset {name} --dc {self.dc}`"
                 )
+            top = self._bind(name)  # before the cell exists: nothing served from another store
             row = LocalRow.new(self.dc, top, done, self._clock_ms())
             self.local_cas.create(local_cell(name, self.dc), row.encode())
         raise StoreUnavailable(  # made (by us or another) and still not there to read
@@ -641,6 +694,7 @@ class DatacenterRanges(ForkAware):
                     "reservations of it: the new key's reservations could repeat the old one's "
                     f"ids. Abandon the old one with `idmint dc reset {name} --dc {self.dc}`"
                 )
+            bound = self._check_bound(name, top)
             last = top.grants.get(self.dc)
             if top.returned.get(self.dc, 0) >= want or (last is not None and last.seq > want):
                 return version, None, None
@@ -654,6 +708,8 @@ class DatacenterRanges(ForkAware):
                 raise Exhausted(name, top.last_id)
             new = Grant(want, start, stop, now, rate)
             top = replace(top, next=next_, free=free, grants={**top.grants, self.dc: new})
+            if not bound:  # a cell made before bindings existed: bound by its next grant
+                top = replace(top, stores={**top.stores, self.dc: self._local_store()})
             return version, top.encode(), (new, top)
 
         return self._update(
@@ -906,10 +962,20 @@ class DatacenterRanges(ForkAware):
             )
             return version, row.encode(), row
 
-        row = self._update(self.local_cas, cell, f"retire {cell}", close_cell, on_global=False)
+        self._update(self.local_cas, cell, f"retire {cell}", close_cell, on_global=False)
 
         def give() -> tuple[int | None, str | None, list[Range]]:
             top, version = self._read_global(name)
+            # The cell as it is now, read after the global one, never the row written above:
+            # if this retire stalled while another finished it and the datacenter reopened and
+            # applied a later grant, the cell is no longer retired and this retire is done
+            # (a stale row would give the later grant back while it is served). A later grant
+            # is only applied after a reopen, which only follows a finished give-back, which
+            # changed the global cell's version: so the swap below fails if one came between.
+            now = self._read_local(name)
+            if now is None or not now[0].retired:
+                return version, None, []
+            row = now[0]
             done = top.returned.get(self.dc, 0)
             grant = top.grants.get(self.dc)
             back = list(row.returning) if done < row.applied else []
@@ -969,7 +1035,8 @@ class DatacenterRanges(ForkAware):
             top, version = self._read_global(name)
             grant = top.grants.get(self.dc)
             seq = max(grant.seq if grant else 0, top.returned.get(self.dc, 0))
-            top = replace(top, returned={**top.returned, self.dc: seq})
+            stores = {**top.stores, self.dc: self._local_store()}  # this store from now on
+            top = replace(top, returned={**top.returned, self.dc: seq}, stores=stores)
             return version, top.encode(), top
 
         top = self._update(
@@ -978,8 +1045,17 @@ class DatacenterRanges(ForkAware):
         cell = local_cell(name, self.dc)
 
         def fresh() -> tuple[int | None, str | None, None]:
+            # The datacenter's processes may have made the cell and applied a later grant
+            # since the global step above (they retry every second): such a cell agrees with
+            # the global cell and stays. A cell is never written with a lower `applied` than
+            # it has: that would make a grant it applied apply again, from its start.
             got = self._read_local(name)
-            row = LocalRow.new(self.dc, top, top.returned[self.dc], self._clock_ms())
+            applied = top.returned[self.dc]
+            if got is not None and got[0].uid == top.uid:
+                if got[0].applied >= applied and not got[0].retired:
+                    return got[1], None, None
+                applied = max(applied, got[0].applied)
+            row = LocalRow.new(self.dc, top, applied, self._clock_ms())
             return (None if got is None else got[1]), row.encode(), None
 
         self._update(self.local_cas, cell, f"reset {cell}", fresh, on_global=False)
