@@ -4,6 +4,7 @@ and the server's route."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,7 @@ from idmint import (
 )
 from idmint.cli import main as cli_main
 from idmint.server import App, ServerConfig
+from idmint.stores import open_engine
 from idmint.strategies.quorum import split_nodes
 
 from checks import run_threads
@@ -176,7 +179,10 @@ def test_nodes_that_may_lose_claims_are_refused_unless_unsafe(
     weak.start()
     try:
         mixed = [*urls[:2], weak.store_url("w")]
-        with pytest.raises(InvalidArgument, match=r"appendfsync everysec.*pass unsafe"):
+        with pytest.raises(
+            InvalidArgument,
+            match=r"everysec.*--unsafe-nodes \(IDMINT_UNSAFE_NODES, QuorumOptions\(unsafe=True",
+        ):
             open_quorum("ticket", mixed)
         with caplog.at_level(logging.WARNING, "idmint.quorum"):
             gen = open_quorum("ticket", mixed, QuorumOptions(unsafe=True))
@@ -409,3 +415,78 @@ def _threads_on(node_set: list[str]) -> None:
     run_threads(lambda: _recorded(gen, 50, ops, f"t{next(names)}"), 4)
     gen.close()
     _assert_linearizable(ops)
+
+
+def _redis(nodes: QuorumNodes, i: int) -> Any:
+    import redis
+
+    host, port = nodes.address(i, "a")
+    return redis.Redis(host=host, port=port)
+
+
+def test_a_node_weakened_or_emptied_while_in_use_stops_voting(
+    nodes: QuorumNodes, urls: list[str]
+) -> None:
+    """On main each node was checked once per process: a node switched to appendfsync
+    everysec, or emptied (a new identity, its counters gone), kept voting."""
+    gen = open_quorum("ticket", urls, QuorumOptions(recheck=0.2, deadline=0.5))
+    before = gen.next_ids(50)
+    weak, empty, back = _redis(nodes, 0), _redis(nodes, 1), _redis(nodes, 2)
+    try:
+        weak.config_set("appendfsync", "everysec")
+        empty.flushall()  # the node's counters and its identity are gone
+        # A restore from an older copy, as a restart does it: the counter goes back and every
+        # connection drops, in one step (the node's next vote follows a reconnect).
+        with back.pipeline(transaction=True) as restore:
+            restore.set(f"{urls[2].split('prefix=')[1]}:q:ticket", 3)
+            restore.client_kill_filter(_type="normal")
+            restore.execute()
+
+        def refused() -> dict[str, str | None]:
+            with contextlib.suppress(QuorumUnavailable):  # once three are out: no majority
+                gen.next_id()
+            return {n.url: n.refused for n in gen.stats().nodes}
+
+        wait_until(lambda: all(refused()[u] for u in urls[:3]), 10, "three nodes refused")
+        why = refused()
+        assert "everysec" in str(why[urls[0]]), why
+        assert "new store identity" in str(why[urls[1]]), why
+        assert "went back" in str(why[urls[2]]), why
+        assert why[urls[3]] is None and why[urls[4]] is None
+        # Two nodes left of five: no majority, a typed error, never an id from the three.
+        with pytest.raises(QuorumUnavailable):
+            gen.take(1)
+        assert gen.counter.lost_nodes == 3
+        assert before.start == 1
+    finally:
+        weak.config_set("appendfsync", "always")
+        gen.close()
+
+
+def test_rounds_and_etcd_calls_work_past_descriptor_1023(urls: list[str], etcd_server: Any) -> None:
+    """With about 1,100 client connections a worker's sockets pass descriptor 1023, where
+    select() fails: on main a quorum round and the etcd connection check both raised
+    "filedescriptor out of range in select()"."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 4096)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    pads = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        gen = open_quorum("ticket", urls)
+        assert gen.counter._multiplexed
+        got = [gen.next_id() for _ in range(20)]
+        assert got == sorted(got) and len(set(got)) == 20
+        gen.close()
+        engine = open_engine(etcd_server.store_url(f"fd{os.getpid()}"))
+        ranges = engine.ranges()
+        ranges.add_key("fd", step=10, first_id=1, last_id=10**6)
+        taken = [ranges.allocate("fd").range for _ in range(3)]  # idle connections reused
+        assert [r.start for r in taken] == [1, 11, 21]
+        engine.close()
+    finally:
+        for fd in pads:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

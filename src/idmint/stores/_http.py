@@ -11,11 +11,12 @@ applied (it must not be sent elsewhere).
 from __future__ import annotations
 
 import http.client
-import select
 import socket
 import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from .._poll import readable
 
 
 class NotSent(Exception):
@@ -87,7 +88,7 @@ class Connections:
             sock = conn.sock
             # An idle socket with something to read has been closed by the server (or has
             # junk on it): a request sent on it would fail after leaving, outcome unknown.
-            if sock is not None and not select.select([sock], [], [], 0)[0]:
+            if sock is not None and not readable([sock.fileno()], 0):
                 return conn
             conn.close()
 

@@ -86,7 +86,7 @@ class QuorumNode(Protocol):
 class MultiplexedQuorumNode(QuorumNode, Protocol):
     """A QuorumNode whose claims can be sent and answered apart, over one connection, so that
     a round on many nodes runs on one thread: send to each, then read whichever answers
-    (select on `fileno()`). The caller keeps at most one claim outstanding per node and reads
+    (poll on `fileno()`). The caller keeps at most one claim outstanding per node and reads
     its answer before sending another."""
 
     def mux_connected(self) -> bool:

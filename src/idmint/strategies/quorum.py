@@ -40,13 +40,12 @@ import functools
 import logging
 import queue
 import re
-import select
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import NoReturn, cast
 
 from .._errors import (
     Closed,
@@ -57,6 +56,7 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._fork import ForkAware, private_random
+from .._poll import readable
 from ..ids import ID_MAX, Range, check_count, check_key_name
 from ..stores.base import MultiplexedQuorumNode, QuorumNode
 
@@ -124,12 +124,18 @@ class QuorumOptions:
     unsafe: bool = False
     #: Ids one group-commit round claims at most; more waiting requests go in the next one.
     max_batch: int = 1_000_000
+    #: Seconds between re-checks of each node while it is used (its durability settings, its
+    #: identity, the key's counter on it), besides the re-check after every failed call: a node
+    #: made unsafe (CONFIG SET) or restarted empty is left out of rounds within this time.
+    recheck: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 < self.deadline <= 3600:
             raise InvalidArgument(f"deadline must be in (0, 3600] seconds, not {self.deadline}")
         if not 0 < self.round_wait <= 60:
             raise InvalidArgument(f"round_wait must be in (0, 60] seconds, not {self.round_wait}")
+        if not 0 < self.recheck <= 3600:
+            raise InvalidArgument(f"recheck must be in (0, 3600] seconds, not {self.recheck}")
         if not 0 < self.first_wait <= self.longest_wait <= 60:
             raise InvalidArgument("waits must satisfy 0 < first_wait <= longest_wait <= 60")
         check_count(self.start, what="start")
@@ -191,8 +197,13 @@ class _Slot:
     def __init__(self, node: QuorumNode) -> None:
         self.node = node
         self.health = NodeHealth(node.display_url)
-        self.checked = False  # durability and identity looked at
+        self.checked = False  # durability, identity and counter looked at since the last failure
+        self.checked_at = 0.0  # when (monotonic)
+        self.identity: str | None = None  # the node's identity when first checked
         self.forget_threads()
+
+    def check_due(self, every: float) -> bool:
+        return not self.checked or time.monotonic() - self.checked_at >= every
 
     def forget_threads(self) -> None:
         """Start afresh (also after a fork: the parent's thread and calls are not ours)."""
@@ -269,13 +280,14 @@ class QuorumCounter(ForkAware):
         self.majority = len(nodes) // 2 + 1
         self._slots = [_Slot(n) for n in nodes]
         # Nodes that take claims apart from their answers run a round on the caller's thread
-        # (select over their sockets): a third of the CPU of a thread per node.
+        # (poll over their sockets): a third of the CPU of a thread per node.
         self._multiplexed = all(isinstance(n, MultiplexedQuorumNode) for n in nodes)
         self._identities: dict[str, str] = {}  # node identity -> url, to spot one node twice
         self._lock = threading.Lock()  # one request at a time
         self._guess = self.options.start  # the next start worth trying
         self._spread = 1.0  # how widely a round's start is spread above it (see take)
         self.rounds = self.retries = self.burnt = 0
+        self.lost_nodes = 0  # nodes refused while in use: unsafe, or data lost (see _check)
         #: Called between choosing a round's start and sending its claims (tests pause here).
         self.before_claim: Callable[[int, int], None] | None = None
         self._watch_fork()
@@ -314,45 +326,101 @@ class QuorumCounter(ForkAware):
                 raise answer
 
     def _check(self, slot: _Slot) -> None:
-        """Refuse `slot`'s node for good if it is unsafe or a duplicate (raises
-        InvalidArgument); a node that cannot be asked raises StoreUnavailable."""
+        """Refuse `slot`'s node for good (raises InvalidArgument) if it is unsafe, a duplicate
+        of another, or lost data since this process first checked it: a new identity (a
+        restart with an empty data directory) or the key's counter below one it answered
+        before (a restore). A node that cannot be asked raises StoreUnavailable.
+
+        Run before a node's first claim, again after each failed call (so on every reconnect)
+        and every options.recheck seconds: a node's settings and data can change under a
+        running process, and a node that lost acknowledged claims must not vote again."""
         node = slot.node
         why = node.durability()
         if why is not None and not self.options.unsafe:
-            slot.health.refused = why
-            raise InvalidArgument(
+            self._refuse(
+                slot,
+                why,
                 f"quorum node {node.display_url} is unsafe: {why}. A node that loses a claim "
                 "it acknowledged lets ids repeat after its crash; make it fsync every write "
-                "(docs/quorum.md), or pass unsafe to run anyway"
+                "(docs/quorum.md), or accept the risk with --unsafe-nodes (IDMINT_UNSAFE_NODES, "
+                "QuorumOptions(unsafe=True))",
             )
-        if why is not None:
+        if why is not None and not slot.checked_at:
             log.warning(
                 "quorum node %s may lose claims (%s): running unsafe", node.display_url, why
             )
         identity = node.identity()
         if identity is not None:
+            if slot.identity is not None and identity.id != slot.identity:
+                self._refuse(
+                    slot,
+                    "a new store identity: it lost its data",
+                    f"quorum node {node.display_url} has a new store identity ({identity.id}, "
+                    f"was {slot.identity}): it lost its data, and with it the claims it "
+                    f"acknowledged, so it no longer votes on key {self.key!r} in this process. "
+                    "Before using it again, raise its counters above every id handed out",
+                )
+            slot.identity = identity.id
             other = self._identities.setdefault(identity.id, node.display_url)
             if other != node.display_url:
-                slot.health.refused = f"the same node as {other}"
-                raise InvalidArgument(
+                self._refuse(
+                    slot,
+                    f"the same node as {other}",
                     f"quorum nodes {other} and {node.display_url} are one node (one store "
-                    "identity): a majority counted on them is not a majority"
+                    "identity): a majority counted on them is not a majority",
                 )
-        slot.checked = True
+        # What the node answered before the read: a round on another thread may raise it
+        # while the read is under way, and a counter only moves up.
+        answered = slot.health.counter
+        counter = node.read(self.key)
+        if counter < answered:
+            self._refuse(
+                slot,
+                f"its counter went back from {answered} to {counter}",
+                f"quorum node {node.display_url}: the counter of key {self.key!r} went back "
+                f"from {answered} to {counter}: it lost acknowledged claims "
+                "(restored from an older copy?), so it no longer votes on this key in this "
+                "process. Before using it again, raise its counter above every id handed out",
+            )
+        slot.checked, slot.checked_at = True, time.monotonic()
+
+    def _refuse(self, slot: _Slot, why: str, message: str) -> NoReturn:
+        """Leave the slot's node out of every round from now on, loudly."""
+        slot.health.refused = why
+        self.lost_nodes += 1
+        log.error("%s", message)
+        raise InvalidArgument(message)
 
     def _checked_call(self, slot: _Slot, claim: tuple[int, int] | None) -> tuple[bool, int]:
         """On the node's thread: check it if not done yet, then claim (or only check)."""
         try:
-            if not slot.checked:
+            if slot.check_due(self.options.recheck):
                 self._check(slot)
             if claim is None:
                 return False, 0
             applied, counter = slot.node.claim(self.key, *claim)
         except Exception as exc:
+            slot.checked = False  # a reconnect may follow: check the node again first
             slot.health.failed(exc)
             raise
-        slot.health.answered(counter)
+        self._answered(slot, applied, counter)
         return applied, counter
+
+    def _answered(self, slot: _Slot, applied: bool, counter: int) -> None:
+        """Note a claim's answer. A refusal carries the node's counter, which only moves up:
+        below one the node answered before, the node lost claims it acknowledged."""
+        if not applied and counter < slot.health.counter:
+            slot.checked = False
+            with contextlib.suppress(InvalidArgument):
+                self._refuse(
+                    slot,
+                    f"its counter went back from {slot.health.counter} to {counter}",
+                    f"quorum node {slot.node.display_url}: the counter of key {self.key!r} "
+                    f"went back from {slot.health.counter} to {counter}: it lost acknowledged "
+                    "claims, so it no longer votes on this key in this process",
+                )
+            return
+        slot.health.answered(counter)
 
     # -- rounds ------------------------------------------------------------------------------
 
@@ -379,6 +447,8 @@ class QuorumCounter(ForkAware):
             waiting.discard(slot)
             if isinstance(answer, Exception):
                 outcome.errors.append(f"{slot.node.display_url}: {answer}")
+            elif slot.health.refused is not None:
+                outcome.errors.append(f"{slot.node.display_url}: refused ({slot.health.refused})")
             elif answer[0]:
                 outcome.applied += 1
             else:
@@ -403,6 +473,8 @@ class QuorumCounter(ForkAware):
                 self._prepare(slot)
                 outcome.errors.append(f"{url}: {slot.health.last_error or 'connecting'}")
                 continue
+            if slot.check_due(self.options.recheck):
+                self._prepare(slot, recheck=True)  # on its thread; the node votes meanwhile
             if slot.outstanding is not None and not self._drain(slot):
                 outcome.errors.append(f"{url}: an earlier claim is still unanswered")
                 continue
@@ -420,7 +492,7 @@ class QuorumCounter(ForkAware):
             if left <= 0:
                 outcome.errors += [f"{s.node.display_url}: no answer" for s in live.values()]
                 break
-            ready, _, _ = select.select(list(live), [], [], left)
+            ready = readable(live, left)
             for fd in ready:
                 slot = live.pop(fd)
                 answer = self._mux_receive(slot)
@@ -446,15 +518,16 @@ class QuorumCounter(ForkAware):
             error = StoreUnavailable(f"answered the claim from {echoed}, not from {expected}")
             self._mux_failed(slot, error)
             return error
-        slot.health.answered(counter)
+        self._answered(slot, applied, counter)
+        if slot.health.refused is not None:
+            return InvalidArgument(f"refused ({slot.health.refused})")
         return applied
 
     def _drain(self, slot: _Slot) -> bool:
         """Read the late answer to the slot's outstanding claim if it has come (True: the node
         can take another). One overdue past OVERDUE seconds drops the connection."""
         node = cast(MultiplexedQuorumNode, slot.node)
-        ready, _, _ = select.select([node.fileno()], [], [], 0)
-        if ready:
+        if readable([node.fileno()], 0):
             return not isinstance(self._mux_receive(slot), Exception)
         if time.monotonic() - slot.sent_at > OVERDUE:
             self._mux_failed(slot, StoreUnavailable(f"no answer within {OVERDUE:g} s"))
@@ -462,16 +535,19 @@ class QuorumCounter(ForkAware):
 
     def _mux_failed(self, slot: _Slot, error: Exception) -> None:
         cast(MultiplexedQuorumNode, slot.node).mux_reset()
+        slot.checked = False  # the next connection checks the node again
         slot.outstanding = None
         slot.health.in_flight = False
         slot.health.failed(error)
 
-    def _prepare(self, slot: _Slot) -> None:
-        """Check and connect the node on its own thread (once at a time)."""
+    def _prepare(self, slot: _Slot, *, recheck: bool = False) -> None:
+        """Check and connect the node on its own thread (once at a time); with `recheck`,
+        only check it again (its claim connection stays in use meanwhile)."""
         if not slot.busy:
-            slot.submit(functools.partial(self._connect, slot), queue.SimpleQueue())
+            call = self._checked_call if recheck else self._connect
+            slot.submit(functools.partial(call, slot, None), queue.SimpleQueue())
 
-    def _connect(self, slot: _Slot) -> tuple[bool, int]:
+    def _connect(self, slot: _Slot, _: None = None) -> tuple[bool, int]:
         """On the node's thread: check it (if not done yet) and open its claim connection."""
         self._checked_call(slot, None)
         try:
