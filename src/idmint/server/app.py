@@ -942,6 +942,8 @@ class App:
         if not self.config.quorum:
             raise HttpError(404, "this server has no quorum nodes (start it with --quorum URLS)")
         count = request.param("count", 1, MAX_QUORUM)
+        # One bound for the whole request, its first use's node check included (docs/server.md)
+        until = time.monotonic() + QuorumOptions.deadline
         gen = self._quorums.get(key)
         if gen is None:  # the first request reads the key and checks the nodes: on a thread
             missing = f"quorum:{key}"  # a name may be no quorum key and a segment key
@@ -956,7 +958,7 @@ class App:
                 self._remember_missing(missing, exc)
                 raise
             self._quorums[key] = gen
-        ids = await gen.take_async(count)
+        ids = await gen.take_async(count, until=until)
         self.counters.handed[QUORUM_ROUTE] += len(ids)
         return _json({"key": key, "start": ids.start, "stop": ids.stop, "count": len(ids)})
 

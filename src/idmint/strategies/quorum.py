@@ -557,24 +557,35 @@ class QuorumCounter(ForkAware):
             raise
         return False, 0
 
-    def take(self, count: int = 1) -> Range:
+    def take(self, count: int = 1, *, until: float | None = None) -> Range:
         """`count` consecutive ids, each above every id of this key handed out (by any caller,
-        through any node set sharing a majority) before this call began."""
+        through any node set sharing a majority) before this call began. QuorumUnavailable
+        after options.deadline seconds, or at the monotonic time `until` if that is sooner."""
         check_count(count)
         self._check_fork()
         options = self.options
         began = time.monotonic()
-        give_up = began + options.deadline
+        give_up = (
+            began + options.deadline if until is None else min(until, began + options.deadline)
+        )
         wait_cap = options.first_wait
         with self._lock:
             while True:
-                seen = max(s.health.counter for s in self._slots)
+                counters = sorted(s.health.counter for s in self._slots)
+                seen = counters[-1]
                 start = max(self._guess, seen + 1, options.start)
+                if start + count - 1 > options.max:
+                    # The guess is past the bound, but it may only reflect claims a minority
+                    # took (lost rounds, skips ahead): a round wins wherever a majority is
+                    # below its start, so the key is spent only when the majority-th lowest
+                    # counter is. Any start is safe (see the module doc): go lower.
+                    start = max(counters[self.majority - 1] + 1, options.start)
+                    if start + count - 1 > options.max:
+                        raise Exhausted(self.key, options.max)
                 if self._spread > 1:  # callers have been contending: see below
-                    start += count * _jitter.randrange(int(self._spread))
+                    room = (options.max - (start + count - 1)) // count  # skips within the bound
+                    start += count * _jitter.randrange(max(1, min(int(self._spread), room + 1)))
                 end = start + count - 1
-                if end > options.max:
-                    raise Exhausted(self.key, options.max)
                 if self.before_claim is not None:
                     self.before_claim(start, end)
                 wait_until = min(give_up, time.monotonic() + options.round_wait)
@@ -636,6 +647,9 @@ class _Request:
     ids: Range | None = None
     error: IdmintError | None = None
     abandoned: bool = False
+    #: The monotonic time by which it is answered, ids or QuorumUnavailable: its arrival plus
+    #: the deadline, whatever rounds ran before its own.
+    until: float = 0.0
     #: Called on the flusher's thread once answered (take_async wakes its event loop).
     on_done: Callable[[], None] | None = None
 
@@ -684,15 +698,16 @@ class QuorumGenerator(ForkAware):
     def next_ids(self, count: int) -> Range:
         return self.take(count)
 
-    def take(self, count: int = 1) -> Range:
-        """`count` consecutive ids (see the class doc); QuorumUnavailable past the deadline."""
-        request = self._enqueue(count)
+    def take(self, count: int = 1, *, until: float | None = None) -> Range:
+        """`count` consecutive ids (see the class doc); QuorumUnavailable past the deadline
+        (or at the monotonic time `until`, if sooner: a caller's own bound)."""
+        request = self._enqueue(count, until=until)
         # The round that serves it may start only when the one running now ends.
         if not request.done.wait(self._wait_bound):
             self._abandon(request)
         return request.result()
 
-    async def take_async(self, count: int = 1) -> Range:
+    async def take_async(self, count: int = 1, *, until: float | None = None) -> Range:
         """`take` for an event loop: waits without holding a thread."""
         loop = asyncio.get_running_loop()
         answered = loop.create_future()
@@ -705,7 +720,7 @@ class QuorumGenerator(ForkAware):
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 loop.call_soon_threadsafe(settle)
 
-        request = self._enqueue(count, wake)
+        request = self._enqueue(count, wake, until=until)
         try:
             await asyncio.wait_for(asyncio.shield(answered), self._wait_bound)
         except TimeoutError:
@@ -714,13 +729,20 @@ class QuorumGenerator(ForkAware):
 
     @property
     def _wait_bound(self) -> float:
-        # a round in flight, then the request's own: each ends by the deadline
-        return 2 * self.counter.options.deadline + 1
+        # every round ends by the earliest deadline of the requests it serves (see _flush)
+        return self.counter.options.deadline + 1
 
-    def _enqueue(self, count: int, on_done: Callable[[], None] | None = None) -> _Request:
+    def _enqueue(
+        self,
+        count: int,
+        on_done: Callable[[], None] | None = None,
+        *,
+        until: float | None = None,
+    ) -> _Request:
         check_count(count, maximum=self.counter.options.max_batch)
         self._check_fork()
-        request = _Request(count, on_done=on_done)
+        own = time.monotonic() + self.counter.options.deadline
+        request = _Request(count, on_done=on_done, until=own if until is None else min(own, until))
         with self._cond:
             if self._closed:
                 raise Closed(f"quorum key {self.key!r} is closed")
@@ -760,7 +782,9 @@ class QuorumGenerator(ForkAware):
                     batch.append(self._queue.popleft())
                     total += batch[-1].count
             try:
-                got = self.counter.take(total)
+                # A request that waited behind a round is answered by its own deadline, not a
+                # whole deadline after that round ended.
+                got = self.counter.take(total, until=min(r.until for r in batch))
             except Exception as exc:
                 if not isinstance(exc, IdmintError):  # a bug, or a driver error not mapped
                     log.exception("quorum key %r: round failed", self.key)
