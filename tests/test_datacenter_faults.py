@@ -494,3 +494,37 @@ def test_kill_9_pauses_cuts_and_clock_steps_repeat_no_id(dcs: Datacenters, tmp_p
     context = f"seed {seed}, faults {log}"
     assert {op.error for op in hist.errors()} <= {"StoreUnavailable", "RunwaySpent"}, context
     assert not any("Traceback" in w.text() for w in workers), context
+
+
+def test_a_process_of_one_datacenter_runs_its_local_rounds_on_that_datacenters_nodes(
+    cassandra_dcs: CassandraDatacenters,
+) -> None:
+    """A process of dc2 given dc1's URL (`?dc=dc1`) ran dc2's LOCAL_SERIAL rounds in dc1's
+    Paxos group on main, apart from dc2's own processes (120 ids twice in 20 s): the URL won
+    over --dc. Now that URL is refused at once; a URL without ?dc= reaching dc1's node first
+    runs dc2's rounds on dc2's nodes only; a datacenter no node is in is refused before an id."""
+    from cassandra.policies import HostDistance
+
+    in_dc1 = cassandra_dcs.global_url("dc1")
+    with pytest.raises(InvalidArgument, match=r"names datacenter 'dc1'.*serves datacenter 'dc2'"):
+        idmint.connect(in_dc1, dc="dc2")
+    plain = in_dc1.replace("&dc=dc1", "")
+    assert "dc=" not in plain and plain.startswith("cassandra://127.0.0.1:")
+    key = _new_key(cassandra_dcs, "placed", 1000)
+    with idmint.connect(plain, dc="dc2") as minter:
+        assert minter.segment(key).next_id() >= 1
+        store = minter.store
+        assert isinstance(store, DatacenterRanges)
+        cluster = store.local_cas._conn._cluster  # type: ignore[attr-defined]
+        policy = cluster.profile_manager.default.load_balancing_policy
+        distances = {
+            (host.address, host.datacenter): policy.distance(host)
+            for host in cluster.metadata.all_hosts()
+        }
+        assert len(distances) == 3, distances
+        for (_, dc), distance in distances.items():
+            assert (distance == HostDistance.LOCAL) == (dc == "dc2"), distances
+            assert distance in (HostDistance.LOCAL, HostDistance.IGNORED), distances
+    nowhere = "no node of the cluster is in datacenter 'dc9'"
+    with idmint.connect(plain, dc="dc9") as minter, pytest.raises(InvalidArgument, match=nowhere):
+        minter.segment(key).next_id()

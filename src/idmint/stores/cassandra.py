@@ -389,8 +389,10 @@ class _Connection(ForkAware):
         d, s = self._driver, self.settings
         policies = d.policies
         profile = d.cluster.ExecutionProfile(
+            # Coordinators in the datacenter only: LOCAL_SERIAL is decided in the coordinator's
+            # datacenter, and another one's Paxos group would let two datacenters both win.
             load_balancing_policy=policies.TokenAwarePolicy(
-                policies.DCAwareRoundRobinPolicy(local_dc=s.dc or "")
+                policies.DCAwareRoundRobinPolicy(local_dc=s.dc or "", used_hosts_per_remote_dc=0)
             ),
             # Errors come to us as they are: the driver's default policy retries some requests
             # on another host, and, pinned to one host, wraps Unavailable in NoHostAvailable.
@@ -419,15 +421,38 @@ class _Connection(ForkAware):
             prepare_on_all_hosts=False,
         )
         try:
-            session = cluster.connect()
+            try:
+                session = cluster.connect()
+            except self._driver.errors:
+                # No node to connect to in `dc` fails here; the control connection has
+                # learnt every node's datacenter by then: say which ones there are.
+                self._check_datacenter(cluster)
+                raise
             # What PREPARE waits for: 10 s otherwise, and with execution profiles the driver
             # refuses to set it through its property.
             session._default_timeout = self.timeout
+            self._check_datacenter(cluster)
             self._make_schema(cluster, session, force=False)
         except BaseException:
             self._shut_down(cluster)
             raise
         self._cluster, self._session = cluster, session
+
+    def _check_datacenter(self, cluster: Any) -> None:
+        """Refuse a `dc` none of the cluster's nodes is in: no request may go to another
+        datacenter's coordinators in its place (the driver knows each node's datacenter)."""
+        dc = self.settings.dc
+        if dc is None:
+            return
+        seen: dict[str, list[str]] = {}
+        for host in cluster.metadata.all_hosts():
+            seen.setdefault(str(host.datacenter), []).append(str(host.address))
+        if dc not in seen:
+            known = "; ".join(f"{name}: {', '.join(sorted(a))}" for name, a in sorted(seen.items()))
+            raise InvalidArgument(
+                f"store {self.display_url}: no node of the cluster is in datacenter {dc!r} "
+                f"(its nodes: {known}); name one of its datacenters"
+            )
 
     def _make_schema(self, cluster: Any, session: Any, *, force: bool) -> None:
         """CREATE ... IF NOT EXISTS the keyspace and tables, unless the driver's view of the
@@ -986,10 +1011,16 @@ def open_cassandra_engine(url: str, display: str, *, timeout: float) -> Engine:
 
     def local_cas(dc: str) -> CassandraCasStore:
         # The same cluster at LOCAL_SERIAL, through the datacenter's own coordinators: cells
-        # that only that datacenter writes (see strategies/datacenter.py).
-        local = replace(
-            settings, serial="LOCAL_SERIAL", consistency="LOCAL_QUORUM", dc=settings.dc or dc
-        )
+        # that only that datacenter writes (see strategies/datacenter.py). A URL that names
+        # another datacenter is a process pointed at the wrong one: its LOCAL_SERIAL rounds
+        # would run in that datacenter's Paxos group, apart from its own datacenter's.
+        if settings.dc is not None and settings.dc != dc:
+            raise InvalidArgument(
+                f"store {display} names datacenter {settings.dc!r} (?dc=) and this process "
+                f"serves datacenter {dc!r} (--dc, IDMINT_DC, dc=): its compare-and-sets must run "
+                f"on {dc!r}'s own nodes; give a URL with ?dc={dc} (or no ?dc=)"
+            )
+        local = replace(settings, serial="LOCAL_SERIAL", consistency="LOCAL_QUORUM", dc=dc)
         shown = f"{display} (LOCAL_SERIAL in {local.dc})"
         return CassandraCasStore(_Connection(local, url, shown, timeout, driver))
 
