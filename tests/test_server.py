@@ -846,3 +846,31 @@ def test_clients_share_a_striped_key(idmint_server: ServerProcess) -> None:
     run_threads(work, 6)
     assert assert_unique(got) == 12_000
     assert_within(got, 1, 2**31 - 1)
+
+
+def test_serve_starts_with_its_store_down_and_becomes_ready_when_it_answers() -> None:
+    """On main `serve` exited 1 when the store was down at start: under systemd or Kubernetes
+    a restart loop. Now it starts, answers not-ready saying why, and becomes ready (and serves)
+    once the store answers."""
+    from server_redis import RedisServer
+
+    redis = RedisServer()  # made, not started: its port refuses connections
+    url = f"redis://127.0.0.1:{redis.port}/0?prefix=down"
+    server = ServerProcess(url, args=["--timeout", "0.5"]).start()
+    try:
+        assert httpx.get(server.url + "/livez").status_code == 200
+        probe = httpx.get(server.url + "/readyz", timeout=10)
+        assert probe.status_code == 503 and "not reachable" in probe.text, probe.text
+        assert str(redis.port) in probe.text or "refused" in probe.text.lower(), probe.text
+        assert "does not answer at start" in server.log()
+        redis.start()
+        with idmint.connect(url) as minter:
+            minter.add_key("order")
+        deadline = time.monotonic() + 20
+        while httpx.get(server.url + "/readyz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.2)
+        assert httpx.get(server.url + "/api/segment/get/order").text == "1"
+    finally:
+        server.stop()
+        redis.close()

@@ -441,11 +441,21 @@ class App:
     def _warm_up(self) -> None:
         """Start every key's generator, as Leaf loads every tag at start, so the first requests
         find ids buffered; /readyz says 503 until they do."""
-        try:
-            keys = self._probe_store()
-        except IdmintError as exc:
-            log.warning("cannot list keys to warm up (they warm up on first use): %s", exc)
-            return
+        wait = 1.0
+        while True:
+            try:
+                keys = self._probe_store()
+                break
+            except IdmintError as exc:  # the store is down: /readyz says so meanwhile
+                log.warning(
+                    "cannot list keys to warm up (they warm up on first use), trying again in "
+                    "%g s: %s",
+                    wait,
+                    exc,
+                )
+            if self._stopped.wait(wait):
+                return
+            wait = min(wait * 2, 30.0)
         self._keep_rows(keys)
         for key in keys[: self.config.warm_keys]:
             if self.shutting_down:
@@ -1092,7 +1102,12 @@ class App:
             with contextlib.suppress(KeyNotFound):  # deleted meanwhile: the store answered
                 self.minter.key(known)
         self._check_identity()
-        return sorted(name for name, gen in list(self._gens.items()) if gen.cold())
+        cold = []
+        for name, gen in sorted(list(self._gens.items())):
+            if gen.cold():
+                why = gen.failing()
+                cold.append(name if why is None else f"{name} (its refills fail: {why})")
+        return cold
 
     def _named_keys(self, request: Request) -> list[str]:
         """The keys a request names (`?key=a&key=b`), checked, at most NAMED_KEYS_MAX."""

@@ -14,9 +14,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._errors import InvalidArgument
+from .._errors import InvalidArgument, StoreUnavailable
 from ..ids import is_digits
-from ..stores import open_store
+from ..stores import RangeStore, open_store
 from .config import ServerConfig
 from .metrics import MULTIPROC_ENV
 
@@ -46,7 +46,7 @@ def serve(config: ServerConfig) -> None:
     try:
         if not config.reuse_port:
             check_port_free(address, config.port)
-        store.init()  # and so does an unreachable store, before any worker starts
+        down = _store_down(store)
     finally:
         store.close()
     # Workers are separate processes that build their app from the environment.
@@ -56,6 +56,12 @@ def serve(config: ServerConfig) -> None:
     )
     for line in describe_access(config):
         log.info("%s", line)
+    if down:
+        # An outage is no reason to exit: under systemd or Kubernetes that is a restart loop.
+        # The workers start not-ready, /readyz says why, and they become ready by themselves.
+        log.warning(
+            "the store does not answer at start (%s): serving not-ready until it does", down
+        )
     if config.reuse_port:
         log.warning(
             "--reuse-port: other processes may serve port %d too; with another store that "
@@ -69,6 +75,16 @@ def serve(config: ServerConfig) -> None:
     _raise_fd_limit(config.max_connections * config.workers + 256)
     with metrics_dir():
         _serve(config, address)
+
+
+def _store_down(store: RangeStore) -> str | None:
+    """Make the store's schema if it is missing; why not when the store does not answer (or
+    refuses to be written: a read-only SQLite file), None when it did."""
+    try:
+        store.init()
+    except StoreUnavailable as exc:
+        return " ".join(str(exc).split())
+    return None
 
 
 METRICS_PREFIX = "idmint-metrics-"

@@ -658,6 +658,12 @@ class SegmentGenerator(ForkAware):
         seg = self._seg
         return seg.stop <= seg.start and not self._closed and self._next is None and self._refilling
 
+    def failing(self) -> str | None:
+        """Why its last refill failed, while no refill has succeeded since; None otherwise.
+        Read without the lock (for probes)."""
+        error = self._error
+        return None if error is None else " ".join(str(error).split())
+
     def issued(self) -> int:
         """Ids handed out so far, read without the lock (a sample for rates, which a refill at
         the same moment may put one segment off): far cheaper than stats()."""
