@@ -305,3 +305,54 @@ def test_a_cell_made_by_another_process_meanwhile_is_not_taken_for_lost() -> Non
 
     second = DatacenterRanges(top, Slow(), "eu")  # type: ignore[arg-type]
     assert second.allocate("k", 5).range == Range(6, 11)
+
+
+def test_a_datacenter_server_stays_ready_while_its_global_store_is_frozen(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    """On main `/readyz` answered 503 "store not reachable" while the global store was frozen,
+    though ids kept coming: a readiness probe took every pod of the cut-off datacenter out.
+    Ready now means it can hand out ids now; the global level is reported beside it."""
+    import httpx
+
+    from http_server import ServerProcess
+    from server_etcd import EtcdServer
+
+    top = EtcdServer()
+    top.start()
+    server = None
+    try:
+        url = top.store_url("ready")
+        with idmint.connect(url) as minter:
+            minter.add_datacenter_key(
+                "order", max=2**31 - 1, sizing=ReservationSizing(min_reservation=100_000)
+            )
+        eu = ["--dc", "eu", "--dc-store", f"sqlite:///{tmp_path}/eu.db", "--timeout", "0.5"]
+        server = ServerProcess(url, args=eu).start()
+
+        def get(path: str) -> httpx.Response:
+            return httpx.get(server.url + path, timeout=10)
+
+        assert get("/api/segment/get/order").text == "1"
+        wait_until(lambda: "global level reachable" in get("/readyz").text, 10, "ready")
+        top.pause()
+        try:
+            served = [int(get("/api/segment/get/order").text) for _ in range(20)]
+            assert served == sorted(set(served))
+
+            def cut_off() -> bool:
+                probe = get("/readyz")
+                assert probe.status_code == 200, probe.text
+                return "global level not reachable" in probe.text
+
+            wait_until(cut_off, 15, "/readyz to report the global level cut off")
+            assert "shortest runway: key order" in get("/readyz").text
+            stats = get("/v1/stats").json()["datacenter"]
+            assert stats["global"]["reachable"] is False and stats["global"]["error"]
+            assert 'idmint_dc_global_up{dc="eu"} 0.0' in get("/metrics").text
+        finally:
+            top.resume()
+    finally:
+        if server is not None:
+            server.stop()
+        top.close()

@@ -560,3 +560,26 @@ def test_the_server_answers_within_its_bound_when_no_majority_answers(
     finally:
         nodes.heal()
         app.shutdown()
+
+
+def test_a_quorum_server_is_ready_while_a_majority_of_its_nodes_answers(
+    tmp_path: Path, nodes: QuorumNodes
+) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    with idmint.connect(url) as minter:
+        minter.add_quorum_key("t")
+    app = App(ServerConfig(store=url, quorum=nodes.joined(f"ready{next(_prefixes)}")))
+    try:
+        assert call(app, "GET", "/v1/quorum/t/ids").status_code == 200
+        for server in nodes.servers[:2]:
+            server.pause()
+        assert call(app, "GET", "/readyz").status_code == 200  # 3 of 5 answer
+        nodes.servers[2].pause()
+        probe = call(app, "GET", "/readyz")
+        assert probe.status_code == 503, probe.text
+        assert "quorum key t: 2 of 5 nodes answer, a majority is 3" in probe.text
+        nodes.heal()  # with no request in between: the probe asks the nodes itself
+        wait_until(lambda: call(app, "GET", "/readyz").status_code == 200, 10, "ready again")
+    finally:
+        nodes.heal()
+        app.shutdown()

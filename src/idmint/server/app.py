@@ -16,6 +16,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -55,6 +56,7 @@ from ..ids import (
 )
 from ..layout import layout_named
 from ..stores.base import STORE_HEADER, StoreIdentity
+from ..strategies.datacenter import DatacenterRanges
 from ..strategies.quorum import QuorumGenerator, QuorumOptions, split_nodes
 from ..strategies.refills import set_shared_threads
 from ..strategies.segment import GeneratorCounts, SegmentGenerator, SegmentOptions
@@ -1086,23 +1088,63 @@ class App:
         except (IdmintError, PoolTimeout) as exc:
             return Response(503, f"store not reachable: {' '.join(str(exc).split())}\n")
         if cold:
-            return Response(503, f"no ids buffered yet for {', '.join(cold[:10])}\n")
+            return Response(503, f"not ready: {'; '.join(cold[:10])}\n")
         store = f" (store {self.identity.id})" if self.identity else ""
-        return Response(200, f"ready{store}\n")
+        return Response(200, f"ready{store}{self._global_note()}\n")
+
+    def _serving_datacenter(self) -> DatacenterRanges | None:
+        store = self.minter.store
+        return store if isinstance(store, DatacenterRanges) and store.serves else None
+
+    def _global_note(self) -> str:
+        """A datacenter server's global level and runway, for the /readyz body: reported
+        beside readiness, never gating it (the datacenter serves through a partition)."""
+        dcs = self._serving_datacenter()
+        if dcs is None:
+            return ""
+        level = dcs.global_level
+        if level.reachable is False:
+            since = (
+                f" for {time.time() - (level.since or time.time()):.0f} s" if level.since else ""
+            )
+            state = f"not reachable{since}: {level.error}"
+        else:
+            state = "reachable" if level.reachable else "not asked yet"
+        runways = [s for s in dcs.seen() if s.left is not None]
+        shortest = min(runways, key=lambda s: s.runway_s or math.inf, default=None)
+        runway = ""
+        if shortest is not None:
+            left = f"{shortest.runway_s:.0f} s" if shortest.runway_s else "rate not known yet"
+            runway = f"; shortest runway: key {shortest.key}, {shortest.left} ids ({left})"
+        return f"; datacenter {dcs.dc} serves from its own store; global level {state}{runway}"
 
     def _readiness(self) -> list[str]:
         """On a probe thread: check the store answers (one key's row, and its identity; not
         every row, which with 100,000 keys would make each probe a scan), then name the keys
         with nothing buffered yet: still loading their first range, or their refills failing.
         An exhausted key ends its refills, and is no reason to take the server out."""
-        known = next(iter(self._key_rows), None)
-        if known is None:
-            self._keep_rows(self.minter.keys())  # none read yet: there are few or none
+        dcs = self._serving_datacenter()
+        if dcs is not None:
+            # Ready means it can hand out ids now: through a partition from the global level,
+            # a datacenter does so from its own store and its reservations.
+            dcs.check_local()
         else:
-            with contextlib.suppress(KeyNotFound):  # deleted meanwhile: the store answered
-                self.minter.key(known)
-        self._check_identity()
+            known = next(iter(self._key_rows), None)
+            if known is None:
+                self._keep_rows(self.minter.keys())  # none read yet: there are few or none
+            else:
+                with contextlib.suppress(KeyNotFound):  # deleted meanwhile: the store answered
+                    self.minter.key(known)
+            self._check_identity()
         cold = []
+        for quorum in self.minter.quorums():
+            counter = quorum.counter
+            answering = counter.answering(counter.options.round_wait)
+            if answering < counter.majority:
+                cold.append(
+                    f"quorum key {quorum.key}: {answering} of {len(counter.health())} nodes "
+                    f"answer, a majority is {counter.majority}"
+                )
         for name, gen in sorted(list(self._gens.items())):
             if gen.cold():
                 why = gen.failing()

@@ -131,6 +131,7 @@ def datacenter_stats(store: object) -> dict[str, Any] | None:
         return None
     return {
         "dc": store.dc,
+        "global": store.global_level.as_dict(),
         "counts": asdict(store.counts),
         "keys": [s.as_dict() for s in store.seen()],
     }
@@ -339,6 +340,14 @@ SPECS = [
         "Reservations the datacenter has taken.",
         ("key", "dc"),
         "livemax",
+    ),
+    Spec(
+        "idmint_dc_global_up",
+        GAUGE,
+        "1 while the datacenter's last call to the global level answered, 0 while cut off "
+        "(it serves on its reservations meanwhile: see idmint_dc_runway_seconds).",
+        ("dc",),
+        "livemin",
     ),
     Spec(
         "idmint_dc_global_cas_total",
@@ -669,6 +678,9 @@ class Exporter:
                     for name, field_ in DC_KEY_FIELDS:
                         if seen[field_] is not None:
                             self._put(name, (seen["key"], dc), float(seen[field_]))
+            reachable = src.datacenter["global"]["reachable"]
+            if reachable is not None:
+                self._put("idmint_dc_global_up", (dc,), float(reachable))
             for field_ in DC_COUNTS:
                 value = float(src.datacenter["counts"][field_])
                 self._put(f"idmint_dc_{field_}_total", (dc,), value)

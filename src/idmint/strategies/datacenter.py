@@ -364,6 +364,19 @@ def _local_status(name: str, row: LocalRow, now_ms: int) -> DatacenterStatus:
     )
 
 
+@dataclass(frozen=True)
+class GlobalLevel:
+    """Whether this process's last call to the global store answered (probes report it beside
+    readiness: a datacenter cut off from it serves on its reservation)."""
+
+    reachable: bool | None  # None: not asked yet
+    since: float | None  # time.time() when it last changed
+    error: str | None  # why the last call failed
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
 @dataclass
 class DatacenterCounts:
     """What the datacenter level did in this process, for stats and /metrics."""
@@ -425,6 +438,7 @@ class DatacenterRanges(ForkAware):
         self._spent_until: dict[str, float] = {}  # key -> monotonic time: global space gone
         self._seen: dict[str, LocalRow] = {}  # key -> its cell as this process last wrote it
         self._local_id: dict[str, str] | None = None  # the local store, as bindings name it
+        self.global_level = GlobalLevel(None, None, None)
         self._stopping = threading.Event()
         self._watch_fork()
 
@@ -465,8 +479,23 @@ class DatacenterRanges(ForkAware):
 
     # -- cells -------------------------------------------------------------------------------
 
+    def _global_call(self, call: Callable[[], T]) -> T:
+        """A call to the global store, its outcome kept in `global_level`."""
+        try:
+            got = call()
+        except StoreUnavailable as exc:
+            self._global_answered(" ".join(str(exc).split()))
+            raise
+        self._global_answered(None)
+        return got
+
+    def _global_answered(self, error: str | None) -> None:
+        was = self.global_level
+        since = was.since if was.reachable is (error is None) else time.time()
+        self.global_level = GlobalLevel(error is None, since, error)
+
     def _read_global(self, name: str) -> tuple[GlobalRow, int]:
-        got = self.global_cas.read(global_cell(name))
+        got = self._global_call(lambda: self.global_cas.read(global_cell(name)))
         if got is None:
             raise KeyNotFound(name)
         return GlobalRow.decode(got[0]), got[1]
@@ -850,7 +879,7 @@ class DatacenterRanges(ForkAware):
 
     def list_keys(self) -> list[Key]:
         keys = []
-        for cell, value in self.global_cas.scan(PREFIX):
+        for cell, value in self._global_call(lambda: self.global_cas.scan(PREFIX)):
             name = cell[len(PREFIX) :]
             if "@" not in name:
                 keys.append(GlobalRow.decode(value).key(name))
@@ -931,6 +960,11 @@ class DatacenterRanges(ForkAware):
                     )
                 )
         return shown
+
+    def check_local(self) -> None:
+        """Read one cell of the datacenter's own store (StoreUnavailable if it does not
+        answer): what readiness needs of a datacenter, which serves without the global level."""
+        self.local_cas.read(local_cell("", self.dc))
 
     def seen(self) -> list[DatacenterStatus]:
         """This datacenter's state of each key this process served, as the process last wrote

@@ -628,6 +628,35 @@ class QuorumCounter(ForkAware):
                         + (f", {'; '.join(outcome.errors[:5])}" if outcome.errors else "")
                     )
 
+    def answering(self, timeout: float) -> int:
+        """How many usable nodes answer a read of the key within `timeout` seconds, each on
+        its own thread (a hung node holds up nothing): for readiness, which must ask the nodes
+        itself, since a server out of rotation gets no requests that would."""
+        self._check_fork()
+        answers: queue.SimpleQueue[_Answer] = queue.SimpleQueue()
+        sent = sum(
+            slot.submit(functools.partial(self._read_health, slot), answers)
+            for slot in self._slots
+            if slot.health.refused is None
+        )
+        until, answered = time.monotonic() + timeout, 0
+        for _ in range(sent):
+            try:
+                _, answer = answers.get(timeout=max(0, until - time.monotonic()))
+            except queue.Empty:
+                break
+            answered += not isinstance(answer, Exception)
+        return answered
+
+    def _read_health(self, slot: _Slot) -> tuple[bool, int]:
+        try:
+            counter = slot.node.read(self.key)
+        except Exception as exc:
+            slot.health.failed(exc)
+            raise
+        slot.health.up, slot.health.last_error = True, None
+        return False, counter
+
     def health(self) -> list[NodeHealth]:
         return [NodeHealth(**vars(s.health)) for s in self._slots]
 
