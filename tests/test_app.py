@@ -462,7 +462,7 @@ def test_a_datacenter_server_reports_reservation_left_and_runway(tmp_path: Path)
     left = re.search(r'^idmint_dc_reservation_left\{dc="eu",key="order"\} (\d+)\.0$', metrics, re.M)
     assert left is not None and 900 <= int(left[1]) <= 990  # less: the generator preloaded
     assert 'idmint_dc_grants{dc="eu",key="order"} 1.0' in metrics
-    assert 'idmint_dc_global_cas_total{dc="eu"} 1' in metrics
+    assert 'idmint_dc_global_cas_total{dc="eu"} 2' in metrics  # the binding, the grant
     assert 'idmint_dc_preload_failures_total{dc="eu"} 0' in metrics
     stats = call(app, "GET", "/v1/stats").json()["datacenter"]
     assert stats["dc"] == "eu" and stats["counts"]["grants"] == 1
@@ -521,3 +521,36 @@ def test_a_multiprocess_directory_that_is_not_one_is_refused(
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
     with pytest.raises(InvalidArgument, match=r"PROMETHEUS_MULTIPROC_DIR=.*missing is not a dir"):
         App(ServerConfig(store=f"sqlite:///{tmp_path / 'x.db'}"))
+
+
+def test_a_bounded_key_cannot_be_burnt_over_http(tmp_path: Path) -> None:
+    """On main, with no client token, large ranges burnt a whole 32-bit key in 11 s. Each key
+    now has a budget of ids a second over HTTP (its id space over --id-budget-days, 30): a
+    32-bit key's first full batch goes, then 429 with Retry-After; a 64-bit key is unlimited."""
+    app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'a.db'}", admin_loopback=True))
+    assert call(app, "POST", "/v1/keys", json={"name": "t", "max": 2**31 - 1}).status_code == 201
+    assert call(app, "POST", "/v1/keys", json={"name": "wide"}).status_code == 201
+    handed, refused = 0, None
+    for i in range(40):  # an hour of its budget (2,982,616 ids) goes at once, then no more
+        path = "/segments/ns/t?step=100000" if i % 2 else "/v1/keys/t/ranges?size=100000"
+        got = call(app, "PATCH" if i % 2 else "POST", path)
+        if got.status_code != 200:
+            refused = got
+            break
+        handed += 100_000
+    assert handed == 2_900_000
+    assert refused is not None and refused.status_code == 429, refused
+    assert "829 ids/s" in refused.text and int(refused.headers["retry-after"]) >= 1
+    again = call(app, "POST", "/v1/keys/t/ranges?size=100000")
+    assert again.status_code == 429  # nothing slips past: the rest comes at 829 ids/s
+    assert call(app, "GET", "/v1/keys/t/ids?count=10").status_code == 200
+    for _ in range(5):
+        assert call(app, "POST", "/v1/keys/wide/ranges?size=100000").status_code == 200
+    app.shutdown()
+    off = App(
+        ServerConfig(store=f"sqlite:///{tmp_path / 'a.db'}", id_budget_days=0, admin_loopback=True)
+    )
+    assert call(off, "POST", "/v1/keys/t/ranges?size=100000").status_code == 200
+    off.shutdown()
+    with pytest.raises(InvalidArgument, match="id_budget_days"):
+        ServerConfig(id_budget_days=float("nan"))

@@ -518,6 +518,13 @@ def _print_ids(taken: Range) -> None:
     help="Keys with series of their own in /metrics and entries in /v1/stats: each worker's "
     "busiest; every key counts in the aggregates [default: 100; 0: aggregates only].",
 )
+@click.option(
+    "--id-budget-days",
+    envvar="IDMINT_ID_BUDGET_DAYS",
+    type=float,
+    help="Each key's ids go out over HTTP no faster than its whole id space in this many days, "
+    "per worker (a 32-bit key: 829 ids/s) [default: 30; 0: no budget].",
+)
 @dc_options()
 @quorum_options
 @click.option(
@@ -546,6 +553,7 @@ def serve(
     refill_threads: int | None,
     warm_keys: int | None,
     metrics_keys: int | None,
+    id_budget_days: float | None,
     dc: str | None,
     dc_store: str | None,
     quorum: str | None,
@@ -580,6 +588,7 @@ def serve(
         "refill_threads": refill_threads,
         "warm_keys": warm_keys,
         "metrics_keys": metrics_keys,
+        "id_budget_days": id_budget_days,
         "dc": dc,
         "dc_store": dc_store,
         "quorum": quorum,

@@ -61,6 +61,7 @@ from ..strategies.quorum import QuorumGenerator, QuorumOptions, split_nodes
 from ..strategies.refills import set_shared_threads
 from ..strategies.segment import GeneratorCounts, SegmentGenerator, SegmentOptions
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
+from .budget import IdBudget, OverBudget
 from .config import ServerConfig
 from .metrics import (
     RATE_WINDOW,
@@ -340,6 +341,8 @@ class App:
         self._quorums: dict[str, QuorumGenerator] = {}
         # Names found to be no key (of the kind asked for), and until when that is trusted.
         self._missing: dict[str, tuple[float, KeyNotFound]] = {}
+        # Ids per second each key may hand out over HTTP in this process (budget.py).
+        self._budget = IdBudget(self.config.id_budget_days)
         self._rates: dict[str, RateMeter] = {}
         self._counts: dict[str, GeneratorCounts] = {}  # each generator's, as last sampled
         #: prometheus-client: in multiprocess mode under `idmint serve`, the whole server's.
@@ -828,8 +831,16 @@ class App:
 
     # -- id routes ---------------------------------------------------------------------------
 
+    def _charge(self, row: Key, ids: int) -> None:
+        """Take `ids` from the key's HTTP budget (budget.py), or answer 429."""
+        try:
+            self._budget.charge(row, ids)
+        except OverBudget as exc:
+            raise HttpError(429, str(exc), (("retry-after", f"{exc.retry_after:.0f}"),)) from None
+
     async def leaf_get(self, request: Request, key: str | None) -> Response:
         assert key is not None
+        self._charge(self._key_rows.get(key) or await self._key_row(key), 1)
         gen = await self._generator(key)
         i = gen.try_next_id()
         if i is None:
@@ -846,8 +857,10 @@ class App:
     async def _take_ids(self, key: str, count: int, what: str) -> list[int]:
         """`count` ids from the key's generator, within its batch cap (`what` names the count
         in a refusal); fewer when the store fails after some were drawn."""
+        row = self._key_rows.get(key) or await self._key_row(key)
         if count > 1:
-            _check_cap(await self._key_row(key), count, what)
+            _check_cap(row, count, what)
+        self._charge(row, count)
         return await self._draw(await self._generator(key), count)
 
     async def ranges(self, request: Request, key: str | None) -> Response:
@@ -880,10 +893,11 @@ class App:
             _check_cap(row, size, "size")
         elif row.step > row.batch_cap:
             size = row.batch_cap  # a cap below the step bounds the default size too
+        self._charge(row, size or row.step)
         # A range the store commits after the deadline is dropped: skipped, never served.
         taken = await self.pools["id"].run(
             self._store_deadline,
-            functools.partial(allocate_any, self.minter.store, key, size, stripe=stripe),
+            functools.partial(allocate_any, self.minter.ranges, key, size, stripe=stripe),
         )
         # The allocation's row is its stripe's: only the key's own row (stripe 0) has the
         # batch cap, so a stripe's row never replaces it.

@@ -85,6 +85,9 @@ class ServerConfig:
     #: Keys with series of their own in /metrics and entries in /v1/stats: each process's
     #: busiest (most ids issued); every key counts in the aggregate series. 0: aggregates only.
     metrics_keys: int = 100
+    #: Each key's ids go out over HTTP no faster than its whole id space in this many days,
+    #: per server process (a 32-bit key: 829 ids/s at 30); 0: no budget (see budget.py).
+    id_budget_days: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("token", "client_token"):
@@ -119,6 +122,10 @@ class ServerConfig:
         if not 0 <= self.metrics_keys <= MAX_METRICS_KEYS:
             raise InvalidArgument(
                 f"metrics_keys must be from 0 to {MAX_METRICS_KEYS}, not {self.metrics_keys}"
+            )
+        if not 0 <= self.id_budget_days <= 36_500:  # NaN fails this too
+            raise InvalidArgument(
+                f"id_budget_days must be from 0 (no budget) to 36500, not {self.id_budget_days}"
             )
         if not 0.1 <= self.header_timeout <= 60:
             raise InvalidArgument(

@@ -25,8 +25,8 @@ TARGET = "idmint.server.app:create_app"
 log = logging.getLogger("idmint.server")
 
 
-def describe_access(config: ServerConfig) -> list[str]:
-    """What the start-up log says about who may do what over HTTP."""
+def describe_access(config: ServerConfig) -> list[tuple[int, str]]:
+    """What the start-up log says about who may do what over HTTP, each with its log level."""
     if config.token and config.admin_loopback:
         admin = "needs the admin token, except from loopback clients (--admin-loopback)"
     elif config.token:
@@ -35,7 +35,20 @@ def describe_access(config: ServerConfig) -> list[str]:
         admin = "open to loopback clients without a token (--admin-loopback)"
     else:
         admin = "refused: no admin token (--token); use the idmint keys command on the store"
-    return [f"key admin over HTTP {admin}"]
+    lines = [(logging.INFO, f"key admin over HTTP {admin}")]
+    budget = (
+        f"each key's ids go out no faster than its whole id space in {config.id_budget_days:g} "
+        "days per worker (--id-budget-days)"
+        if config.id_budget_days
+        else "no budget on how fast a key's ids go out (--id-budget-days 0): a bounded key can "
+        "be spent for good in seconds"
+    )
+    if config.client_token:
+        lines.append((logging.INFO, f"the id routes need the client token; {budget}"))
+    else:
+        open_to = "the id routes are open to anyone who reaches this port (no --client-token)"
+        lines.append((logging.WARNING, f"{open_to}; {budget}"))
+    return lines
 
 
 def serve(config: ServerConfig) -> None:
@@ -54,8 +67,8 @@ def serve(config: ServerConfig) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    for line in describe_access(config):
-        log.info("%s", line)
+    for level, line in describe_access(config):
+        log.log(level, "%s", line)
     if down:
         # An outage is no reason to exit: under systemd or Kubernetes that is a restart loop.
         # The workers start not-ready, /readyz says why, and they become ready by themselves.
