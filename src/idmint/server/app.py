@@ -101,6 +101,9 @@ LEAF_ROUTE = _HOT_PREFIX + "{key}"
 IDS_ROUTE = "/v1/keys/{key}/ids"
 RANGES_ROUTE = "/v1/keys/{key}/ranges"
 SNOWFLAKE_ROUTE = "/api/snowflake/get/{key}"
+#: The methods a Spring @RequestMapping with no method answers: Leaf's and tinyid's routes
+#: answer them all, so their clients may use any.
+SPRING_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 SNOWFLAKE_IDS_ROUTE = "/v1/snowflake/ids"
 QUORUM_ROUTE = "/v1/quorum/{key}/ids"
 DECODE_ROUTE = "/v1/snowflake/decode/{key}"
@@ -379,19 +382,19 @@ class App:
             "/openapi.json": {"GET": (self.openapi, OPEN)},
             "/v1/stats": {"GET": (self.stats, OPEN)},
             "/v1/keys": {"GET": (self.list_keys, ADMIN), "POST": (self.add_key, ADMIN)},
-            LEAF_ROUTE: {"GET": (self.leaf_get, IDS)},
+            LEAF_ROUTE: dict.fromkeys(SPRING_METHODS, (self.leaf_get, IDS)),
             "/v1/keys/{key}": {"GET": (self.show_key, ADMIN), "PATCH": (self.update_key, ADMIN)},
             IDS_ROUTE: {"GET": (self.ids, IDS)},
             RANGES_ROUTE: {"POST": (self.ranges, IDS)},
             "/v1/keys/{key}/raise": {"POST": (self.raise_key, ADMIN)},
-            SNOWFLAKE_ROUTE: {"GET": (self.snowflake_get, IDS)},
+            SNOWFLAKE_ROUTE: dict.fromkeys(SPRING_METHODS, (self.snowflake_get, IDS)),
             SNOWFLAKE_IDS_ROUTE: {"GET": (self.snowflake_ids, IDS)},
             QUORUM_ROUTE: {"GET": (self.quorum_ids, IDS)},
-            "/decodeSnowflakeId": {"GET": (self.leaf_decode, OPEN)},
+            "/decodeSnowflakeId": dict.fromkeys(SPRING_METHODS, (self.leaf_decode, OPEN)),
             DECODE_ROUTE: {"GET": (self.snowflake_decode, OPEN)},
             # Drop-in routes (dropin.py): tinyid's take the client token as `token=` too.
             **{
-                route: {"GET": (handler, peers.QUERY_TOKEN), "POST": (handler, peers.QUERY_TOKEN)}
+                route: dict.fromkeys(SPRING_METHODS, (handler, peers.QUERY_TOKEN))
                 for route, handler in (
                     (peers.TINYID_IDS, self._dropin.tinyid_ids),
                     (peers.TINYID_IDS_SIMPLE, self._dropin.tinyid_ids_simple),

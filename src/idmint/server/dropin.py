@@ -15,6 +15,7 @@ The shapes follow the peers' source:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -29,6 +30,7 @@ from .app import (
     Request,
     Response,
     _bearer_in,
+    _bearer_is,
     _json,
 )
 from .pools import PoolTimeout
@@ -117,12 +119,19 @@ class DropIn:
         given = parse_qs(request.query, keep_blank_values=True).get("token")
         if given and _bearer_in(f"Bearer {given[-1]}", accepted):
             return True
-        return _bearer_in(request.authorization, accepted)
+        config = self.app.config  # a bearer header, spelt as the other id routes take it
+        tokens = (t for t in (config.client_token, config.token) if t)
+        return any(_bearer_is(request.authorization, token) for token in tokens)
 
     async def _tinyid(self, request: Request, route: str, take: Take) -> Response:
         """tinyid's JSON form (`{"data", "code", "message"}`, HTTP 200 as tinyid answers, but
         400 for input it could not parse), or its plain form (text; errors are idmint's)."""
         simple = route.endswith("Simple")
+        if request.body:
+            # tinyid's users POST forms (`curl -d 'bizType=order'`): Spring reads the fields of
+            # a form body as it reads query parameters.
+            form = request.body.decode("utf-8", "replace")
+            request = replace(request, query=f"{request.query}&{form}" if request.query else form)
         try:
             if not self._token_ok(request):
                 raise HttpError(
@@ -147,7 +156,9 @@ class DropIn:
         return _json({"data": data, "code": TINYID_OK, "message": ""})
 
     async def _ids(self, request: Request, key: str) -> tuple[Any, str, int]:
-        count = request.param("batchSize", 1, MAX_IDS)
+        given = parse_qs(request.query, keep_blank_values=True).get("batchSize")
+        # tinyid takes an empty batchSize as 1 (an Integer parameter left null)
+        count = 1 if given and not given[-1].strip() else request.param("batchSize", 1, MAX_IDS)
         ids = await self.app._take_ids(key, count, "batchSize")
         return ids, ",".join(map(str, ids)), len(ids)
 

@@ -150,6 +150,17 @@ LEAF_DECODED: dict[str, Any] = {
 }
 
 
+#: The methods a Spring @RequestMapping with no method answers: Leaf's and tinyid's routes.
+SPRING_METHODS = ("get", "post", "put", "patch", "delete")
+#: Leaf's routes (tinyid's are in dropin_paths), answered under every one of them.
+LEAF_PATHS = ("/api/segment/get/{key}", "/api/snowflake/get/{key}", "/decodeSnowflakeId")
+
+
+def spring(operation: dict[str, Any]) -> dict[str, Any]:
+    """An operation under every method Leaf's and tinyid's controllers answer."""
+    return dict.fromkeys(SPRING_METHODS, operation)
+
+
 def dropin_paths() -> dict[str, Any]:
     """tinyid's and CosId's routes (server/dropin.py; docs/server.md, "Drop-in routes")."""
     biz_type = {
@@ -206,7 +217,7 @@ def dropin_paths() -> dict[str, Any]:
                 "400": _json(body, "Bad input (code 6)"),
             },
         }
-        return {"get": answer, "post": answer}
+        return spring(answer)
 
     def tinyid_text(summary: str, params: list[Any]) -> dict[str, Any]:
         answer = {
@@ -221,7 +232,7 @@ def dropin_paths() -> dict[str, Any]:
                 "503": E503,
             },
         }
-        return {"get": answer, "post": answer}
+        return spring(answer)
 
     namespace = {
         "name": "namespace",
@@ -323,6 +334,13 @@ def dropin_paths() -> dict[str, Any]:
 
 
 def openapi_document(version: str) -> dict[str, Any]:
+    document = _document(version)
+    for path in LEAF_PATHS:
+        document["paths"][path] = spring(document["paths"][path]["get"])
+    return document
+
+
+def _document(version: str) -> dict[str, Any]:
     count = {
         "name": "count",
         "in": "query",
