@@ -407,3 +407,45 @@ def test_datacenter_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert code == 2 and "bad datacenter name" in err
     code, out, _ = run(capsys, "--store", top, "dc", "set", "order", "--runway", "48h")
     assert code == 0 and "runway 48 h" in out
+
+
+LONG_NAME = "a" * 255
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "says"),
+    [
+        (["--timeout", "NaN", "keys", "list"], {}, "'NaN' is not a finite number"),
+        (["--timeout", "inf", "keys", "list"], {}, "'inf' is not a finite number"),
+        (["keys", "list"], {"IDMINT_TIMEOUT": "nan"}, "bad IDMINT_TIMEOUT='nan'"),
+        (["next", "k", "--stripe", "9223372036854775808"], {}, "--stripe"),
+        (["keys", "raise", "k", "--to", str(2**64)], {}, "--to"),
+        (["workers", "unreserve", str(2**64)], {}, "WORKER_ID"),
+        (["keys", "list", "--store", f"sqlite:///{LONG_NAME}.db"], {}, "File name too long"),
+        (["serve", "--timeout", "nan"], {}, "'nan' is not a finite number"),
+        (["serve", "--shutdown-timeout", "inf"], {}, "--shutdown-timeout"),
+        (["serve", "--port", "1"], {"IDMINT_WAIT": "nan"}, "wait (IDMINT_WAIT) must be a finite"),
+        (["serve", "--id-budget-days", "nan"], {}, "--id-budget-days"),
+        (["dc", "add", "d", "--runway", "nan"], {}, "--runway"),
+    ],
+)
+def test_numbers_out_of_range_get_one_line_and_exit_2(
+    argv: list[str],
+    env: dict[str, str],
+    says: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On main `--timeout NaN` (and IDMINT_WAIT=nan for serve), a stripe past 2**63 and a
+    255-byte SQLite file name ended in tracebacks; a bad environment variable was reported as
+    a bad flag."""
+    monkeypatch.chdir(tmp_path)
+    store = ["--store", f"sqlite:///{tmp_path / 'a.db'}"] if "--store" not in argv else []
+    assert main(["--store", f"sqlite:///{tmp_path / 'a.db'}", "keys", "add", "k"]) == 0
+    capsys.readouterr()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main([*store, *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err, err

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,6 +56,32 @@ _MAX_BATCH_HELP = (
 BAD_INPUT = (InvalidArgument, KeyNotFound, KeyExists)
 
 
+class Finite(click.ParamType[float]):
+    """A finite number, within [low, high] when given. click's FloatRange lets NaN through
+    (every comparison with NaN is false) and float takes "inf": both broke later, with a
+    traceback."""
+
+    name = "number"
+
+    def __init__(self, low: float | None = None, high: float | None = None) -> None:
+        self.low, self.high = low, high
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if (self.low is not None and number < self.low) or (
+            self.high is not None and number > self.high
+        ):
+            self.fail(f"{number:g} is not from {self.low:g} to {self.high:g}", param, ctx)
+        return number
+
+
 @contextmanager
 def _minter(
     ctx: click.Context, dc: str | None = None, dc_store: str | None = None, *, create: bool = False
@@ -73,7 +101,11 @@ def _must_exist(url: str) -> None:
     if not url.startswith("sqlite:///"):
         return
     path = sqlite_path(url)
-    if path != ":memory:" and not Path(path).exists():
+    try:
+        there = path == ":memory:" or Path(path).exists()
+    except OSError as exc:  # a name too long for the file system, and the like
+        raise InvalidArgument(f"bad store path {path}: {exc.strerror}") from None
+    if not there:
         raise InvalidArgument(
             f"no store at {path}: `idmint init` (or adding a key) creates it; check --store or "
             "IDMINT_STORE"
@@ -92,7 +124,7 @@ def _must_exist(url: str) -> None:
 @click.option(
     "--timeout",
     envvar="IDMINT_TIMEOUT",
-    type=click.FloatRange(min=0.1, max=600),
+    type=Finite(0.1, 600),
     default=DEFAULT_TIMEOUT,
     show_default=True,
     help="Seconds to wait for the store (env IDMINT_TIMEOUT).",
@@ -119,7 +151,7 @@ def store_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--store and --timeout after the command name too: `idmint serve --store URL`."""
     command = click.option(
         "--timeout",
-        type=click.FloatRange(min=0.1, max=600),
+        type=Finite(0.1, 600),
         expose_value=False,
         callback=_override,
         help="Seconds to wait for the store (also before the command).",
@@ -325,7 +357,13 @@ def keys_show(ctx: click.Context, name: str, as_json: bool) -> None:
 @keys.command("raise")
 @store_options
 @click.argument("name")
-@click.option("--to", "to", type=int, required=True, help="Every id from now on is at least this.")
+@click.option(
+    "--to",
+    "to",
+    type=click.IntRange(0, ID_MAX),
+    required=True,
+    help="Every id from now on is at least this.",
+)
 @click.pass_context
 def keys_raise(ctx: click.Context, name: str, to: int) -> None:
     """Raise key NAME's floor (for imported legacy ids). It only moves up."""
@@ -365,7 +403,7 @@ def keys_set(ctx: click.Context, name: str, max_batch: int) -> None:
 )
 @click.option(
     "--stripe",
-    type=int,
+    type=click.IntRange(0, MAX_STRIPES - 1),
     help="Of a striped key, take them from this stripe (0 to its stripes - 1) [default: any "
     "with ids left].",
 )
@@ -456,7 +494,7 @@ def _print_ids(taken: Range) -> None:
 @click.option(
     "--shutdown-timeout",
     envvar="IDMINT_SHUTDOWN_TIMEOUT",
-    type=float,
+    type=Finite(),
     help="Seconds from SIGTERM to exit, whatever the store does [default: 10].",
 )
 @click.option(
@@ -489,7 +527,7 @@ def _print_ids(taken: Range) -> None:
 @click.option(
     "--header-timeout",
     envvar="IDMINT_HEADER_TIMEOUT",
-    type=float,
+    type=Finite(),
     help="Seconds a connection has to send a request's headers; idle kept-alive connections "
     "close then too [default: 10].",
 )
@@ -521,7 +559,7 @@ def _print_ids(taken: Range) -> None:
 @click.option(
     "--id-budget-days",
     envvar="IDMINT_ID_BUDGET_DAYS",
-    type=float,
+    type=Finite(),
     help="Each key's ids go out over HTTP no faster than its whole id space in this many days, "
     "per worker (a 32-bit key: 829 ids/s) [default: 30; 0: no budget].",
 )
@@ -715,7 +753,7 @@ def workers_list(ctx: click.Context, namespace: str) -> None:
 
 @workers.command("unreserve")
 @store_options
-@click.argument("worker_id", type=click.IntRange(min=0))
+@click.argument("worker_id", type=click.IntRange(0, 2**31 - 1))
 @click.option("--namespace", default="default", show_default=True)
 @click.pass_context
 def workers_unreserve(ctx: click.Context, worker_id: int, namespace: str) -> None:
@@ -786,7 +824,7 @@ def _sizing_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option(
                 "--preload-at",
-                type=float,
+                type=Finite(),
                 help="Load a datacenter's next reservation once this share of its "
                 "current one is handed out [default: 0.5].",
             ),
@@ -1050,6 +1088,18 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _bad_parameter(exc: click.BadParameter) -> str:
+    """click's message, naming the environment variable when the value came from one (click
+    names the flag, which the user never typed)."""
+    ctx, param = exc.ctx, exc.param
+    if ctx is not None and param is not None and param.name and isinstance(param, click.Option):
+        source = ctx.get_parameter_source(param.name)
+        if source is click.core.ParameterSource.ENVIRONMENT and param.envvar:
+            var = param.envvar if isinstance(param.envvar, str) else param.envvar[0]
+            return f"bad {var}={os.environ.get(var, '')!r}: {' '.join(exc.message.split())}"
+    return " ".join(exc.format_message().split())
+
+
 def main(argv: list[str] | None = None, run: Callable[..., Any] = cli.main) -> int:
     """Run the CLI and turn every error into one line on stderr and an exit code."""
     # The drivers' own warnings (kazoo's "Connection dropped", cassandra-driver's) would come
@@ -1063,6 +1113,8 @@ def main(argv: list[str] | None = None, run: Callable[..., Any] = cli.main) -> i
     except click.exceptions.NoArgsIsHelpError as exc:  # `idmint`, `idmint keys`: the help, whole
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
         return EXIT_BAD_INPUT
+    except click.BadParameter as exc:
+        return _fail(_bad_parameter(exc), EXIT_BAD_INPUT)
     except click.ClickException as exc:
         return _fail(" ".join(exc.format_message().split()), EXIT_BAD_INPUT)
     except BAD_INPUT as exc:

@@ -7,6 +7,7 @@ granian's worker processes (each builds its own app) receive it.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, fields
@@ -90,6 +91,17 @@ class ServerConfig:
     id_budget_days: float = 30.0
 
     def __post_init__(self) -> None:
+        for name, value in vars(self).items():  # NaN passes every range check below
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidArgument(
+                    f"{name} (IDMINT_{name.upper()}) must be a finite number, not {value}"
+                )
+        if not 0.1 <= self.timeout <= 600:
+            raise InvalidArgument(f"timeout must be from 0.1 to 600 seconds, not {self.timeout:g}")
+        if not 0 < self.wait <= 600:
+            raise InvalidArgument(
+                f"wait must be above 0 and at most 600 seconds, not {self.wait:g}"
+            )
         for name in ("token", "client_token"):
             _check_token(name, getattr(self, name))
         layout_named(self.snowflake_layout)  # raises InvalidArgument naming the presets
