@@ -406,7 +406,16 @@ def _document(version: str) -> dict[str, Any]:
             "name": {"type": "string", "pattern": "^" + KEY_NAME_PATTERN.pattern + "$"},
             "step": {"type": "integer", "minimum": 1, "maximum": ID_MAX, "default": 1000},
             "start": {"type": "integer", "minimum": 0, "maximum": ID_MAX, "default": 1},
-            "max": {"type": "integer", "minimum": 0, "maximum": ID_MAX, "default": ID_MAX},
+            "max": {
+                "type": "integer",
+                "minimum": 0,
+                # A key with n stripes may go up to ID_MAX + 1 - n (each stripe's counter must
+                # fit a BIGINT), which a schema cannot say per request: this bound holds for
+                # every number of stripes. Leave max out for the highest the key may have.
+                "maximum": ID_MAX + 1 - MAX_STRIPES,
+                "description": "the largest id; absent: the highest a key with that many "
+                "stripes may have",
+            },
             "description": {"type": "string", "maxLength": 256},
             "max_batch": MAX_BATCH,
             "stripes": {
