@@ -449,3 +449,26 @@ def test_numbers_out_of_range_get_one_line_and_exit_2(
     assert main([*store, *argv]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_keys_add_exist_ok_refuses_a_key_that_differs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On main `--exist-ok` accepted an existing key whatever its settings: a set-up script
+    asking for ids from 200000000 got a key handing out ids from 100000000."""
+    store = ["--store", f"sqlite:///{tmp_path / 'a.db'}"]
+    add = [*store, "keys", "add", "order", "--exist-ok"]
+    assert main([*add, "--start", "100000000"]) == 0
+    assert main([*add, "--start", "100000000"]) == 0  # the same: fine, again and again
+    capsys.readouterr()
+    for extra, says in (
+        (["--start", "200000000"], "hands out ids from 100000000, not 200000000"),
+        (["--start", "100000000", "--max", "2147483647"], "largest id is"),
+        (["--start", "100000000", "--stripes", "2"], "1 stripes, not 2"),
+        (["--start", "100000000", "--step", "5"], "step is 1000, not 5"),
+    ):
+        assert main([*add, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    assert main([*store, "keys", "raise", "order", "--to", "300000000"]) == 0
+    assert main([*add, "--start", "100000000"]) == 0  # raised since: still above what it asked

@@ -289,9 +289,33 @@ def keys_add(
             if not exist_ok or isinstance(exc, NameTaken):  # another kind's name: never fine
                 raise
             key = minter.key(name)
+            step_given = ctx.get_parameter_source("step") is not click.core.ParameterSource.DEFAULT
+            differs = _differences(key, step if step_given else None, start, max_, stripes)
+            if differs:
+                raise KeyExists(
+                    name, f"key {name!r} exists with other settings: {'; '.join(differs)}"
+                ) from None
             click.echo(f"{key.name} exists: {_describe_key(key)}")
             return
         click.echo(f"added {key.name}: {_describe_key(key)}")
+
+
+def _differences(
+    key: Key, step: int | None, start: int, max_: int | None, stripes: int
+) -> list[str]:
+    """How an existing key differs from the one `keys add --exist-ok` asked for. Its first id
+    may have been raised since (keys raise): only a start above it differs, since the key
+    would hand out ids below what was asked."""
+    found = []
+    if start > key.first_id:
+        found.append(f"it hands out ids from {key.first_id}, not {start}")
+    if max_ is not None and max_ != key.last_id:
+        found.append(f"its largest id is {key.last_id}, not {max_}")
+    if stripes != key.stripes:
+        found.append(f"it has {key.stripes} stripes, not {stripes}")
+    if step is not None and step != key.step:
+        found.append(f"its step is {key.step}, not {step}")
+    return found
 
 
 def _print_table(rows: Sequence[Sequence[str]]) -> None:
