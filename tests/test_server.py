@@ -874,3 +874,49 @@ def test_serve_starts_with_its_store_down_and_becomes_ready_when_it_answers() ->
     finally:
         server.stop()
         redis.close()
+
+
+def test_async_client_take_leaves_the_event_loop_running() -> None:
+    """On main AsyncClient.take() blocked the event loop for the whole request (and the docs
+    showed an AsyncClient.close() that did not exist)."""
+    import asyncio
+
+    from server_redis import RedisServer
+
+    redis = RedisServer()
+    redis.start()
+    url = f"redis://127.0.0.1:{redis.port}/0?prefix=async"
+    with idmint.connect(url) as minter:
+        minter.add_key("order")
+    server = ServerProcess(url, args=["--timeout", "1"]).start()
+    try:
+
+        async def main() -> tuple[int, BaseException | None]:
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticker = asyncio.create_task(tick())
+            client = idmint.AsyncClient(server.url, timeout=5)
+            assert len(await client.take("order", 5)) == 5
+            redis.pause()  # every request now waits for the store: a second or so
+            error = None
+            try:
+                await client.take("order", 5)
+            except idmint.IdmintError as exc:
+                error = exc
+            ticker.cancel()
+            redis.resume()
+            await client.close()
+            return ticks, error
+
+        ticks, error = asyncio.run(main())
+        assert isinstance(error, idmint.StoreUnavailable) or error is None, error
+        assert ticks >= 20, ticks  # the loop ran on while the request waited
+    finally:
+        server.stop()
+        redis.close()

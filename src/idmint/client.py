@@ -311,11 +311,7 @@ class _ClientBase:
                 self._segments[key] = gen
             return gen
 
-    def take(self, key: str, count: int, *, stripe: int | None = None) -> Range:
-        """One range of `count` ids straight from a server: fewer at a bounded key's end (or
-        its stripe's), and at most the key's batch cap (see `idmint keys set --max-batch`).
-        A striped key's range has stride `stripes`, from stripe `stripe` or, by default, any
-        stripe with ids left."""
+    def _take(self, key: str, count: int, stripe: int | None) -> Range:
         check_count(count)
         return self.store.allocate(check_key_name(key), count, stripe=stripe).range
 
@@ -338,6 +334,13 @@ class Client(_ClientBase):
     def segment(self, key: str) -> SegmentGenerator:
         """The key's generator: ids from ranges taken from the servers, prefetched."""
         return self._generator(key)
+
+    def take(self, key: str, count: int, *, stripe: int | None = None) -> Range:
+        """One range of `count` ids straight from a server: fewer at a bounded key's end (or
+        its stripe's), and at most the key's batch cap (see `idmint keys set --max-batch`).
+        A striped key's range has stride `stripes`, from stripe `stripe` or, by default, any
+        stripe with ids left."""
+        return self._take(key, count, stripe)
 
     def close(self) -> None:
         self._close()
@@ -374,11 +377,19 @@ class AsyncClient(_ClientBase):
     def segment(self, key: str) -> AsyncSegment:
         return AsyncSegment(self._generator(key))
 
-    async def aclose(self) -> None:
+    async def take(self, key: str, count: int, *, stripe: int | None = None) -> Range:
+        """Client.take, awaited: the request runs off the event loop, which goes on."""
+        return await asyncio.to_thread(self._take, key, count, stripe)
+
+    async def close(self) -> None:
+        """Close every generator (their unused ids go back) and the connections, off the
+        event loop."""
         await asyncio.to_thread(self._close)
+
+    aclose = close  # the name httpx's AsyncClient uses
 
     async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+        await self.close()
