@@ -222,9 +222,13 @@ def test_store_after_the_command(capsys: pytest.CaptureFixture[str], url: str) -
     assert code == 0, err
 
 
-def test_snowflake_decode_and_workers(capsys: pytest.CaptureFixture[str], url: str) -> None:
+def test_snowflake_decode_and_workers(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, url: str
+) -> None:
     code, out, err = run(capsys, "snowflake", "-n", "5", "--store", url, "-v")
     assert code == 0, err
+    # A new store makes the first ids wait a ttl: said, not 10 s of silence (as on main).
+    assert "waiting 10.0 s before the first id: the lease store" in caplog.text
     ids = [int(x) for x in out.split()]
     assert len(ids) == 5 and ids == sorted(ids)
     assert re.fullmatch(

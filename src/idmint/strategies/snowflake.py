@@ -332,6 +332,7 @@ class SnowflakeGenerator(ForkAware):
         if now_ms < self.layout.epoch_ms:
             raise InvalidArgument(f"the clock is before layout {self.layout.name!r}'s epoch")
         self._closed = False
+        self._told_floor = 0  # the lease floor whose wait was last explained in the log
         self._last_tick = -1
         self._fresh_state()
         self._keeper = LeaseKeeper(
@@ -432,6 +433,9 @@ class SnowflakeGenerator(ForkAware):
             wait_ms = lease.floor_ms + 1 - first_ms
             if wait_ms > max(self.options.max_floor_wait, self.options.ttl, DEFAULT_TTL) * 1000:
                 raise ClockMovedBackwards(wait_ms)
+            if wait_ms >= 1000 and self._told_floor != lease.floor_ms:
+                self._told_floor = lease.floor_ms
+                self._explain_wait(lease, wait_ms)
             self._sleep_ns(wait_ms * 1_000_000)
             return
         if last_ms > lease.horizon_ms:
@@ -456,6 +460,22 @@ class SnowflakeGenerator(ForkAware):
         self._last_tick = tick
         self._issued_ms = last_ms
         self._cur = (tick_start, tick_start + self._tick_ns, ids)
+
+    def _explain_wait(self, lease: Lease, wait_ms: int) -> None:
+        """Say why the first ids wait (a second or more of silence looks like a hang)."""
+        made = lease.store_created_ms
+        if made is not None and lease.floor_ms == made + int(
+            max(self.options.ttl, DEFAULT_TTL) * 1000
+        ):
+            why = (
+                f"the lease store {self._keeper.store.display_url} was made "
+                f"{max(0, time.time() * 1000 - made) / 1000:.1f} s ago, and a store younger than "
+                "a lease ttl may have lost the leases of its earlier life, whose holders may "
+                "still issue ids until then"
+            )
+        else:
+            why = f"a previous holder of worker id {lease.worker_id} may have issued ids until then"
+        log.warning("snowflake: waiting %.1f s before the first id: %s", wait_ms / 1000, why)
 
     def _sleep_ns(self, ns: int) -> None:
         # Event.wait, not time.sleep: under libfaketime with a faked monotonic clock,
