@@ -7,6 +7,7 @@ an unknown key, a bad count).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -461,7 +462,7 @@ def next_(
         left = count
         while left:
             taken = minter.take(name, left, stripe=stripe)
-            _print_ids(taken)
+            _print_or_give_back(minter, name, taken)
             left -= len(taken)
             if left and dc:
                 continue  # the end of a reservation; the next take says if the key is spent
@@ -482,13 +483,33 @@ def _quorum_ids(ctx: click.Context, name: str, nodes: str, unsafe: bool, count: 
         return minter.quorum(name, node_urls, options).take(count)
 
 
-def _print_ids(taken: Range) -> None:
+def _print_ids(taken: Range, printing: list[int] | None = None) -> None:
     """The ids of a range, one per line, in chunks as they are made: one string of every id
-    would be the whole batch in memory."""
+    would be the whole batch in memory. `printing[0]` follows where the chunk being written
+    ends (every id below it may have reached the reader)."""
     step = PRINT_CHUNK * taken.stride
     for start in range(taken.start, taken.stop, step):
         chunk = range(start, min(start + step, taken.stop), taken.stride)
+        if printing is not None:
+            printing[0] = chunk.stop
         click.echo("\n".join(map(str, chunk)))
+
+
+def _print_or_give_back(minter: Minter, name: str, taken: Range) -> None:
+    """Print a range's ids; interrupted (Ctrl-C, a closed pipe), give back the ids never
+    printed, or say how many are skipped: they were taken for good."""
+    printing = [taken.start]
+    try:
+        _print_ids(taken, printing)
+    except (KeyboardInterrupt, BrokenPipeError):
+        rest = Range(printing[0], taken.stop, taken.stride)
+        if rest:
+            back = False
+            with contextlib.suppress(IdmintError):  # the store is gone too: they are skipped
+                back = minter.ranges.give_back(name, rest)
+            what = "given back" if back else "skipped (never reused)"
+            click.echo(f"idmint: interrupted: {len(rest):,} ids not printed, {what}", err=True)
+        raise
 
 
 @cli.command()
