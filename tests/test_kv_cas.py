@@ -40,31 +40,42 @@ def warnings_in(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "idmint.stores.redis"]
 
 
-def test_redis_warns_once_when_persistence_can_lose_a_swap(
+def test_redis_refuses_to_write_when_persistence_can_lose_a_swap(
     private_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """On main a Redis with appendfsync everysec was only warned about for segment keys (a
+    crash can lose a range it confirmed: ids repeat), while the same server was refused as a
+    quorum node. Now it is refused before the first write unless the URL accepts it."""
     admin = redis.Redis(port=private_redis.port)
     url = private_redis.store_url("weak")
     caplog.set_level(logging.WARNING, logger="idmint.stores.redis")
     safe = open_engine(url)
-    safe.cas().create("k", "v")  # appendonly yes, appendfsync always: nothing to say
+    safe.ranges().add_key("k", step=10, first_id=1, last_id=10**6)
+    assert safe.ranges().allocate("k").range.start == 1
     safe.close()
     assert warnings_in(caplog) == []
 
     admin.config_set("appendfsync", "everysec")
-    engines = [open_engine(url) for _ in range(2)]
+    refused = open_engine(url)
     try:
-        for engine in engines:
-            cas = engine.cas()
-            cas.init()
-            _, version = cas.read("k") or ("", -1)
-            cas.swap("k", version, "w")
+        with pytest.raises(InvalidArgument, match=r"appendfsync everysec.*\?unsafe=1"):
+            refused.ranges().allocate("k")
+        with pytest.raises(InvalidArgument, match="appendfsync everysec"):
+            refused.cas().init()
+    finally:
+        refused.close()
+    engines = [open_engine(f"{url}&unsafe=1") for _ in range(2)]
+    try:
+        taken = [engine.ranges().allocate("k").range.start for engine in engines]
+        assert taken == [11, 21]  # nothing was taken by the refused calls
     finally:
         for engine in engines:
             engine.close()
+        admin.config_set("appendfsync", "always")
     [message] = warnings_in(caplog)  # once for the process, however many engines
-    assert "appendfsync everysec" in message and url in message
-    assert "appendonly yes and appendfsync always" in message
+    assert "appendfsync everysec" in message and "appendonly yes and appendfsync always" in message
+    with pytest.raises(InvalidArgument, match="unsafe must be 1 or 0"):
+        open_engine(f"{url}&unsafe=maybe")
 
 
 def test_redis_says_nothing_when_config_get_is_refused(

@@ -409,9 +409,10 @@ class RedisCasStore:
     Each call is one command or one Lua script, atomic on the server. A cell's change is as
     durable as the server's persistence makes it: with `appendonly yes` and `appendfsync
     always`, Redis writes and fsyncs its append-only file before it answers; with anything
-    weaker a crash can forget a swap that answered True. The store logs a warning (once per
-    process) when CONFIG GET shows weaker settings; a server that refuses CONFIG GET (ACLs, a
-    managed Redis) is taken on trust.
+    weaker a crash can forget a swap that answered True, and ids repeat. So before its first
+    write the store asks CONFIG GET, and refuses to write (InvalidArgument, naming the settings)
+    on weaker persistence unless the URL accepts it (`?unsafe=1`: then a warning, once per
+    process); a server that refuses CONFIG GET (ACLs, a managed Redis) is taken on trust.
     """
 
     def __init__(
@@ -422,9 +423,11 @@ class RedisCasStore:
         errors: _RedisErrors,
         *,
         timeout: float,
+        unsafe: bool = False,
     ) -> None:
         self.display_url = display_url
         self._client = client
+        self._unsafe = unsafe
         self._prefix = prefix
         self._errors = errors
         self._timeout = timeout
@@ -462,15 +465,25 @@ class RedisCasStore:
         return StoreUnavailable(f"store {self.display_url} unavailable: {reason}")
 
     def _check_persistence(self) -> None:
-        """Warn once if the server's persistence can lose a confirmed write (see the class)."""
+        """Before the first write: refuse a server whose persistence can lose a confirmed
+        write, or warn once if the URL accepts it (see the class)."""
         if self._checked:
             return
-        self._checked = True  # whatever happens: one look per store, never a cost per call
         try:
             config = cast(dict[str, str], self._client.config_get("*append*"))
         except self._errors.any:  # refused (NOPERM, renamed), or down: the call will tell
+            self._checked = True
             return
         weak = weak_persistence(config)
+        if weak is not None and not self._unsafe:
+            # Not marked checked: once the server is set right, the next write goes through.
+            raise InvalidArgument(
+                f"store {self.display_url}: Redis runs with {weak}, so a crash can lose a "
+                "range it already confirmed and ids would repeat; set appendonly yes and "
+                "appendfsync always (docs/stores.md), or accept the risk with ?unsafe=1 in "
+                "the store URL"
+            )
+        self._checked = True  # one look per store, never a cost per call
         if weak is None:
             return
         with _warned_lock:
@@ -507,19 +520,19 @@ class RedisCasStore:
         return None if value is None or version is None else (str(value), int(version))
 
     def create(self, key: str, value: str) -> bool:
+        self._check_persistence()
         keys = [self._cell(key), self._index]
         made = self._call(lambda: self._create(keys=keys, args=[key, value]), idempotent=False)
-        self._check_persistence()
         return bool(made)
 
     def swap(self, key: str, version: int, value: str) -> bool:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             return False  # versions start at 1: nothing has this one
+        self._check_persistence()
         keys = [self._cell(key)]
         swapped = self._call(
             lambda: self._swap(keys=keys, args=[str(version), value]), idempotent=False
         )
-        self._check_persistence()
         return bool(swapped)
 
     def scan(self, prefix: str) -> list[tuple[str, str]]:
@@ -568,9 +581,12 @@ def _parse(url: str, display: str) -> dict[str, Any]:
     if not is_digits(db):
         raise bad(f"the database must be a number, not {db!r}")
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = set(query) - {"prefix"}
+    unknown = set(query) - {"prefix", "unsafe"}
     if unknown:
-        raise bad(f"unknown parameter {sorted(unknown)[0]!r} (only prefix is accepted)")
+        raise bad(f"unknown parameter {sorted(unknown)[0]!r} (only prefix and unsafe)")
+    unsafe = query.get("unsafe", "0").lower()
+    if unsafe not in ("0", "1", "true", "false", "yes", "no"):
+        raise bad(f"unsafe must be 1 or 0, not {unsafe!r}")
     prefix = query.get("prefix", DEFAULT_PREFIX)
     if not prefix:
         raise bad("the prefix is empty")
@@ -583,6 +599,7 @@ def _parse(url: str, display: str) -> dict[str, Any]:
         "password": unquote(parts.password) if parts.password is not None else None,
         "ssl": parts.scheme.lower() == "rediss",
         "prefix": prefix,
+        "unsafe": unsafe in ("1", "true", "yes"),
     }
 
 
@@ -619,6 +636,7 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
     args = _parse(url, display)
     redis = _driver()
     prefix = args.pop("prefix")
+    unsafe = bool(args.pop("unsafe"))
     # Connection errors and timeouts above all, but also a server that refuses to write
     # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.
     errors = _RedisErrors(
@@ -636,7 +654,7 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
         # No retry inside the driver: a swap re-sent after its reply was lost would find its
         # own write and answer False for a swap that happened (see RedisCasStore._call).
         client = _client(redis, args, timeout, retries=0)
-        return RedisCasStore(client, prefix, display, errors, timeout=timeout)
+        return RedisCasStore(client, prefix, display, errors, timeout=timeout, unsafe=unsafe)
 
     return Engine(
         "redis",
