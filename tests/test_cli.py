@@ -99,11 +99,11 @@ def test_exhausted_key_prints_what_it_got_then_fails(
         (["keys", "add", "x", "--start", "10", "--max", "5"], "below start"),
         (["keys", "add", "x", "--step", "0"], "step must be"),
         (["keys", "add", "order"], "already exists"),
-        (["keys", "raise", "order", "--to", "-1"], "cannot raise"),
+        (["keys", "raise", "order", "--to", "-1"], "--to': -1 is not in the range"),
         (["keys", "show", "nope"], "not found"),
         (["frobnicate"], "No such command"),
         (["--store", "oracle://x", "next", "order"], "bad store URL"),
-        (["--store", "sqlite:///no/such/dir/x.db", "next", "order"], "does not exist"),
+        (["--store", "sqlite:///no/such/dir/x.db", "keys", "add", "order"], "does not exist"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -510,3 +510,16 @@ def test_ctrl_c_during_next_gives_back_what_was_not_printed(tmp_path: Path) -> N
     )
     following = int(run_next.stdout)
     assert last < following <= last + 10_001  # at most the chunk being written is skipped
+
+
+def test_next_in_another_directory_makes_no_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On main `idmint next order` run from another directory silently made an empty
+    ./idmint.db there, and said the key was not found."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("IDMINT_STORE", raising=False)
+    assert main(["next", "order"]) == 2
+    err = capsys.readouterr().err
+    assert f"no store at {tmp_path / 'idmint.db'}" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "idmint.db").exists()

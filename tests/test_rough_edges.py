@@ -115,8 +115,14 @@ def test_store_urls_that_are_wrong_say_so(capsys: pytest.CaptureFixture[str], in
 def test_commands_that_only_read_create_no_store(
     capsys: pytest.CaptureFixture[str], in_tmp: Path
 ) -> None:
-    for args in (("keys", "list"), ("keys", "show", "k"), ("workers", "list"), ("dc", "list")):
-        assert "no store at ./idmint.db" in one_line_error(capsys, *args)
+    for args in (
+        ("keys", "list"),
+        ("keys", "show", "k"),
+        ("workers", "list"),
+        ("dc", "list"),
+        ("next", "k"),
+    ):
+        assert f"no store at {in_tmp / 'idmint.db'}" in one_line_error(capsys, *args)
     assert not (in_tmp / "idmint.db").exists()
     assert run(capsys, "init")[0] == 0
     assert run(capsys, "keys", "list")[0] == 0

@@ -108,8 +108,9 @@ def _must_exist(url: str) -> None:
         raise InvalidArgument(f"bad store path {path}: {exc.strerror}") from None
     if not there:
         raise InvalidArgument(
-            f"no store at {path}: `idmint init` (or adding a key) creates it; check --store or "
-            "IDMINT_STORE"
+            f"no store at {Path(path).resolve()}: `idmint init` (or adding a key) creates it; "
+            "check --store or IDMINT_STORE (run from another directory, ./idmint.db is "
+            "another file)"
         )
 
 
@@ -290,8 +291,18 @@ def keys_add(
             if not exist_ok or isinstance(exc, NameTaken):  # another kind's name: never fine
                 raise
             key = minter.key(name)
-            step_given = ctx.get_parameter_source("step") is not click.core.ParameterSource.DEFAULT
-            differs = _differences(key, step if step_given else None, start, max_, stripes)
+            given = {
+                name
+                for name in ("step", "stripes")
+                if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+            }
+            differs = _differences(
+                key,
+                step if "step" in given else None,
+                start,
+                max_,
+                stripes if "stripes" in given else None,
+            )
             if differs:
                 raise KeyExists(
                     name, f"key {name!r} exists with other settings: {'; '.join(differs)}"
@@ -302,7 +313,7 @@ def keys_add(
 
 
 def _differences(
-    key: Key, step: int | None, start: int, max_: int | None, stripes: int
+    key: Key, step: int | None, start: int, max_: int | None, stripes: int | None
 ) -> list[str]:
     """How an existing key differs from the one `keys add --exist-ok` asked for. Its first id
     may have been raised since (keys raise): only a start above it differs, since the key
@@ -312,7 +323,7 @@ def _differences(
         found.append(f"it hands out ids from {key.first_id}, not {start}")
     if max_ is not None and max_ != key.last_id:
         found.append(f"its largest id is {key.last_id}, not {max_}")
-    if stripes != key.stripes:
+    if stripes is not None and stripes != key.stripes:
         found.append(f"it has {key.stripes} stripes, not {stripes}")
     if step is not None and step != key.step:
         found.append(f"its step is {key.step}, not {step}")
@@ -428,7 +439,7 @@ def keys_set(ctx: click.Context, name: str, max_batch: int) -> None:
 )
 @click.option(
     "--stripe",
-    type=click.IntRange(0, MAX_STRIPES - 1),
+    type=click.IntRange(-(2**63), 2**63 - 1),  # the store says which stripes the key has
     help="Of a striped key, take them from this stripe (0 to its stripes - 1) [default: any "
     "with ids left].",
 )
@@ -458,7 +469,7 @@ def next_(
             raise click.UsageError("--quorum takes no --dc, --dc-store or --stripe")
         _print_ids(_quorum_ids(ctx, name, quorum, bool(unsafe_nodes), count))
         return
-    with _minter(ctx, dc, dc_store, create=True) as minter:
+    with _minter(ctx, dc, dc_store) as minter:  # a store that is not there has no key
         left = count
         while left:
             taken = minter.take(name, left, stripe=stripe)
