@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import idmint
 from idmint.cli import main
 
 
@@ -523,3 +524,25 @@ def test_next_in_another_directory_makes_no_store(
     err = capsys.readouterr().err
     assert f"no store at {tmp_path / 'idmint.db'}" in err and err.count("\n") == 1, err
     assert not (tmp_path / "idmint.db").exists()
+
+
+def test_a_mistyped_key_or_setting_gets_a_did_you_mean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idmint.server.config import ServerConfig, read_config_file
+
+    store = ["--store", f"sqlite:///{tmp_path / 'a.db'}"]
+    assert main([*store, "keys", "add", "order"]) == 0
+    assert main([*store, "quorum", "add", "receipt"]) == 0
+    capsys.readouterr()
+    assert main([*store, "next", "ordr"]) == 2
+    assert "(did you mean order?)" in capsys.readouterr().err
+    assert main([*store, "keys", "show", "reciept"]) == 2
+    assert "(did you mean receipt?)" in capsys.readouterr().err
+    config = tmp_path / "idmint.toml"
+    config.write_text("[server]\nworkrs = 2\n")
+    with pytest.raises(idmint.InvalidArgument, match=r"workrs \(did you mean workers\?\)"):
+        read_config_file(config)
+    monkeypatch.setenv("IDMINT_TIMOUT", "3")
+    [hint] = [v for v in ServerConfig.unknown_env() if v.startswith("IDMINT_TIMOUT")]
+    assert hint.startswith("IDMINT_TIMOUT (did you mean IDMINT_TIMEOUT or"), hint

@@ -26,6 +26,16 @@ single lines so the CLI and the server can pass them on to a user unchanged.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable, Iterable
+
+
+def did_you_mean(name: str, names: Iterable[str], show: Callable[[str], str] = str) -> str:
+    """The names close to a mistyped one, as " (did you mean X?)" (each as `show` writes
+    it), else "": for messages."""
+    close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(map(show, close))}?)" if close else ""
+
 
 class IdmintError(Exception):
     """Base class of every error idmint raises on purpose."""

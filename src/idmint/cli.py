@@ -21,7 +21,16 @@ from typing import Any, ClassVar
 import click
 
 from . import __version__
-from ._errors import Exhausted, IdmintError, InvalidArgument, KeyExists, KeyNotFound, NameTaken
+from ._errors import (
+    Exhausted,
+    IdmintError,
+    InvalidArgument,
+    KeyExists,
+    KeyNotFound,
+    NameTaken,
+    WrongKind,
+    did_you_mean,
+)
 from ._minter import Minter, connect
 from .ids import (
     BATCH_CAP_MAX,
@@ -94,8 +103,23 @@ def _minter(
     minter = connect(ctx.obj["store"], timeout=ctx.obj["timeout"], dc=dc, dc_store=dc_store)
     try:
         yield minter
+    except KeyNotFound as exc:
+        hint = "" if isinstance(exc, WrongKind) else _close_key_names(minter, exc.key)
+        if hint:
+            raise KeyNotFound(exc.key, f"{exc}{hint}") from None
+        raise
     finally:
         minter.close()
+
+
+def _close_key_names(minter: Minter, name: str) -> str:
+    """ " (did you mean X?)" for the store's keys of any kind close to a mistyped name."""
+    names: list[str] = []
+    with contextlib.suppress(IdmintError):  # a store that does not answer: no hint
+        names += [k.name for k in minter.ranges.list_keys()]
+        names += [k.name for k in minter.quorum_keys()]
+        names += [k.name for k in minter.datacenters().list_keys()]
+    return did_you_mean(name, names)
 
 
 def _must_exist(url: str) -> None:

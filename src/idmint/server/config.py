@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .._errors import InvalidArgument
+from .._errors import InvalidArgument, did_you_mean
 from ..ids import check_key_name
 from ..layout import layout_named
 from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
@@ -172,6 +172,25 @@ class ServerConfig:
         }
 
     @classmethod
+    def unknown_env(cls) -> list[str]:
+        """IDMINT_* variables that are no setting (a typo is otherwise ignored in silence),
+        each with a close setting's variable if there is one."""
+        names = {f.name for f in fields(cls)} | {"config"}
+        unknown = sorted(
+            k
+            for k in os.environ
+            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in names
+        )
+        # Compared without the prefix, which every one shares.
+        return [
+            variable
+            + did_you_mean(
+                variable[len(ENV_PREFIX) :].lower(), sorted(names), lambda n: ENV_PREFIX + n.upper()
+            )
+            for variable in unknown
+        ]
+
+    @classmethod
     def from_env(cls) -> ServerConfig:
         return cls.from_mapping(cls.env_values())
 
@@ -213,5 +232,6 @@ def read_config_file(path: Path) -> dict[str, Any]:
     known = {f.name for f in fields(ServerConfig)}
     unknown = sorted(set(table) - known)
     if unknown:
-        raise InvalidArgument(f"bad config file {path}: unknown settings {', '.join(unknown)}")
+        hints = [f"{name}{did_you_mean(name, known)}" for name in unknown]
+        raise InvalidArgument(f"bad config file {path}: unknown settings {', '.join(hints)}")
     return dict(table)

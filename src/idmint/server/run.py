@@ -69,6 +69,8 @@ def serve(config: ServerConfig) -> None:
     )
     for level, line in describe_access(config):
         log.log(level, "%s", line)
+    for variable in ServerConfig.unknown_env():
+        log.warning("%s is no setting of idmint serve: ignored", variable)
     if down:
         # An outage is no reason to exit: under systemd or Kubernetes that is a restart loop.
         # The workers start not-ready, /readyz says why, and they become ready by themselves.
