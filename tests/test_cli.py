@@ -546,3 +546,18 @@ def test_a_mistyped_key_or_setting_gets_a_did_you_mean(
     monkeypatch.setenv("IDMINT_TIMOUT", "3")
     [hint] = [v for v in ServerConfig.unknown_env() if v.startswith("IDMINT_TIMOUT")]
     assert hint.startswith("IDMINT_TIMOUT (did you mean IDMINT_TIMEOUT or"), hint
+
+
+def test_keys_retire(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = ["--store", f"sqlite:///{tmp_path / 'a.db'}"]
+    assert main([*store, "keys", "add", "old", "--max", "100"]) == 0
+    assert main([*store, "next", "old", "-n", "3"]) == 0
+    capsys.readouterr()
+    assert main([*store, "keys", "retire", "old"]) == 2
+    assert "cannot be undone: add --yes" in capsys.readouterr().err
+    assert main([*store, "keys", "retire", "old", "--yes"]) == 0
+    assert "retired old" in capsys.readouterr().out
+    assert main([*store, "next", "old"]) == 1
+    assert "exhausted" in capsys.readouterr().err
+    assert main([*store, "keys", "show", "old"]) == 0
+    assert "retired:" in capsys.readouterr().out

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import idmint
 from idmint import (
     Exhausted,
     InvalidArgument,
@@ -256,3 +257,21 @@ def test_raise_moves_every_stripe_up(store: RangeStore) -> None:
     for k in range(3):
         start = store.allocate("s", stripe=k).range.start
         assert start >= 1000 and start % 3 == k
+
+
+def test_a_retired_key_hands_out_no_id_again(store_url: str) -> None:
+    """On main a key could not be retired. Now its floor moves past its maximum: every range
+    is refused, on every store, and the key shows as retired."""
+    with idmint.connect(store_url) as minter:
+        minter.add_key("gone", step=10, start=1, max=1000, stripes=2)
+        taken = minter.take("gone", 6)
+        key = minter.retire_key("gone")
+        assert key.retired and key.remaining == 0 and key.as_dict()["retired"] is True
+        for stripe in (None, 0, 1):
+            with pytest.raises(idmint.Exhausted):
+                minter.take("gone", 1, stripe=stripe)
+        with pytest.raises(idmint.Exhausted):
+            minter.segment("gone").next_id()
+        assert minter.key("gone").first_id > 1000 >= taken.last
+        with pytest.raises(idmint.InvalidArgument, match="one more retires it"):
+            minter.raise_floor("gone", 5000)

@@ -182,6 +182,13 @@ class Minter(ForkAware):
         above imported legacy ids). Only moves up; ranges already held are served out first."""
         return self.ranges.raise_floor(check_key_name(name), to)
 
+    def retire_key(self, name: str) -> Key:
+        """Retire key `name` for good: every range taken from now on is refused (Exhausted),
+        and its numbers are never handed out again (its floor moves past its maximum, and a
+        floor only moves up). Generators holding ranges serve them out first."""
+        key = self.key(name)
+        return self.raise_floor(name, key.last_id + 1)
+
     def take(self, name: str, count: int, *, stripe: int | None = None) -> Range:
         """Take `count` ids as one range straight from the store (fewer at a bounded key's end,
         or a stripe's), from stripe `stripe` of a striped key, or one the store chooses (any

@@ -362,6 +362,8 @@ def _print_table(rows: Sequence[Sequence[str]]) -> None:
 
 
 def _describe_key(key: Key) -> str:
+    if key.retired:
+        return f"retired (its ids ran to {key.last_id}; none is handed out again)"
     striped = f", {key.stripes} stripes" if key.stripes > 1 else ""
     return f"ids {key.first_id}..{key.last_id}, step {key.step}{striped}"
 
@@ -435,6 +437,21 @@ def keys_raise(ctx: click.Context, name: str, to: int) -> None:
         click.echo(f"{name}: unchanged, the next range already starts at {start}")
     else:
         click.echo(f"{name}: the next range starts at {start}")
+
+
+@keys.command("retire")
+@store_options
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Retire it: there is no way back.")
+@click.pass_context
+def keys_retire(ctx: click.Context, name: str, yes: bool) -> None:
+    """Retire key NAME for good: no id is handed out from it again, and its numbers are never
+    reused (processes holding ranges serve them out first)."""
+    if not yes:
+        raise click.UsageError(f"retiring {name!r} cannot be undone: add --yes")
+    with _minter(ctx) as minter:
+        key = minter.retire_key(name)
+    click.echo(f"retired {key.name}: it hands out no id again (max {key.last_id})")
 
 
 @keys.command("set")

@@ -161,6 +161,11 @@ class Key:
         return self.remaining == 0
 
     @property
+    def retired(self) -> bool:
+        """Its floor is past its maximum (`idmint keys retire`): it hands out no id again."""
+        return self.first_id > self.last_id
+
+    @property
     def id_max(self) -> int:
         """The highest maximum a key with this many stripes may have."""
         return ID_MAX + 1 - self.stripes
@@ -187,6 +192,8 @@ class Key:
             "batch_cap": self.batch_cap,
             "stripes": self.stripes,
         }
+        if self.retired:
+            shown["retired"] = True
         if self.stripes > 1:
             shown["stripe_next"] = list(self.next_ids)
         return shown
@@ -290,11 +297,12 @@ def next_range(key: Key, count: int | None) -> Range:
 
 def raised_floor(key: Key, to: int) -> tuple[int, int]:
     """(first_id, max_id) of `key` (or of one stripe's row) after raising its floor to `to`;
-    both only move up, and a stripe's stay on that stripe's ids."""
-    if isinstance(to, bool) or not isinstance(to, int) or not 0 <= to <= key.last_id:
+    both only move up, and a stripe's stay on that stripe's ids. One past the key's maximum
+    retires it: no range is taken from it again."""
+    if isinstance(to, bool) or not isinstance(to, int) or not 0 <= to <= key.last_id + 1:
         raise InvalidArgument(
             f"cannot raise key {key.name!r} to {to!r}: it must be an integer from 0 to the "
-            f"key's maximum {key.last_id}"
+            f"key's maximum {key.last_id} (one more retires it: idmint keys retire)"
         )
     to = align_up(to, key.first_id, key.stripes)
     return max(key.first_id, to), max(key.max_id, to)
