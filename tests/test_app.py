@@ -468,6 +468,14 @@ def test_a_datacenter_server_reports_reservation_left_and_runway(tmp_path: Path)
     assert stats["dc"] == "eu" and stats["counts"]["grants"] == 1
     [order] = stats["keys"]
     assert order["reserved"] == {"start": 1, "stop": 1001} and 900 <= order["left"] <= 990
+    # Retired by another process: on main the server showed the reservation as live for good.
+    with idmint.connect(top) as admin:
+        admin.datacenters("eu", dc_store=eu).retire("order")
+    dcs = app.minter.store
+    assert isinstance(dcs, idmint.DatacenterRanges)
+    dcs.refresh_seen()  # what the server's rows refresh does every 5 s
+    [order] = call(app, "GET", "/v1/stats").json()["datacenter"]["keys"]
+    assert order["retired"] is True and order["left"] == 0
     app.shutdown()
     plain = App(ServerConfig(store=f"sqlite:///{tmp_path / 'plain.db'}"))
     assert call(plain, "GET", "/v1/stats").json()["datacenter"] is None

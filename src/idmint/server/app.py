@@ -787,6 +787,12 @@ class App:
                 self._keep_rows(self._probe_store())
             except IdmintError as exc:
                 log.debug("cannot refresh the keys' rows: %s", exc)
+            dcs = self._serving_datacenter()
+            if dcs is not None:  # what other processes of the datacenter did (dc retire)
+                try:
+                    dcs.refresh_seen()
+                except IdmintError as exc:
+                    log.debug("cannot read the datacenter's cells again: %s", exc)
             if len(self._key_rows) >= FREEZE_KEYS:
                 # Rows and generators live as long as the server; reference counting still
                 # frees them when they go (they hold no cycles).

@@ -966,6 +966,14 @@ class DatacenterRanges(ForkAware):
         answer): what readiness needs of a datacenter, which serves without the global level."""
         self.local_cas.read(local_cell("", self.dc))
 
+    def refresh_seen(self) -> None:
+        """Read again, from the datacenter's own store, the cell of each key this process
+        served, so seen() shows what other processes did since (a retirement, say)."""
+        for name in list(self._seen):
+            got = self._read_local(name)
+            if got is not None:
+                self._seen[name] = got[0]
+
     def seen(self) -> list[DatacenterStatus]:
         """This datacenter's state of each key this process served, as the process last wrote
         its cell (no I/O: for /metrics, and it answers while the global level is cut off)."""
