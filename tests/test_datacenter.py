@@ -8,6 +8,8 @@ and store restarts are in test_datacenter_faults.py.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -350,6 +352,17 @@ def test_a_datacenter_server_stays_ready_while_its_global_store_is_frozen(
             stats = get("/v1/stats").json()["datacenter"]
             assert stats["global"]["reachable"] is False and stats["global"]["error"]
             assert 'idmint_dc_global_up{dc="eu"} 0.0' in get("/metrics").text
+            # dc status failed while the global store was down; it shows eu's own cell now.
+            argv = ["--store", url, "--timeout", "0.5", "dc", "status", "order", *eu[:4]]
+            status = subprocess.run(
+                [sys.executable, "-m", "idmint", *argv],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert status.returncode == 0, status.stderr
+            assert "global store does not answer" in status.stderr
+            assert status.stdout.splitlines()[1].split()[:2] == ["eu", "1..100000"], status.stdout
         finally:
             top.resume()
     finally:

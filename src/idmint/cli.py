@@ -28,6 +28,7 @@ from ._errors import (
     KeyExists,
     KeyNotFound,
     NameTaken,
+    StoreUnavailable,
     WrongKind,
     did_you_mean,
 )
@@ -1105,15 +1106,32 @@ def dc_status(
 
     Datacenters whose cells the global store does not hold (on etcd, each has its own) show
     their latest reservation only; give --dc and --dc-store to see one from its own store."""
+    sizing: ReservationSizing | None = None
     with _minter(ctx) as minter:
         level = minter.datacenters(dc, dc_store=dc_store) if dc else minter.datacenters()
-        shown = level.status(name)
-        sizing = level.settings(name)
+        try:
+            shown = level.status(name)
+            sizing = level.settings(name)
+        except StoreUnavailable as exc:
+            if not dc:
+                raise
+            # Cut off from the global level: the datacenter's own cell still answers.
+            mine = level.local_status(name)
+            shown = [] if mine is None else [mine]
+            click.echo(
+                f"idmint: the global store does not answer ({' '.join(str(exc).split())}); "
+                f"datacenter {dc} from its own store only",
+                err=True,
+            )
     if as_json:
         for status in shown:
             click.echo(json.dumps(status.as_dict()))
         return
-    click.echo(f"{name}: {_describe_sizing(sizing)}")
+    if sizing is not None:
+        click.echo(f"{name}: {_describe_sizing(sizing)}")
+    if not shown:
+        click.echo(f"no datacenter has taken a reservation of {name} yet")
+        return
     rows = [("DC", "RESERVED", "NEXT", "PRELOADED", "LEFT", "RATE/S", "RUNWAY", "GRANTS", "SEEN")]
     for st in shown:
         rows.append(

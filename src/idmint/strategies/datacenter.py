@@ -966,6 +966,12 @@ class DatacenterRanges(ForkAware):
         answer): what readiness needs of a datacenter, which serves without the global level."""
         self.local_cas.read(local_cell("", self.dc))
 
+    def local_status(self, name: str) -> DatacenterStatus | None:
+        """This datacenter's state of key `name` from its own cell alone (it answers while the
+        global level is out of reach); None if the datacenter never served the key."""
+        got = self._read_local(name)
+        return None if got is None else _local_status(name, got[0], self._clock_ms())
+
     def refresh_seen(self) -> None:
         """Read again, from the datacenter's own store, the cell of each key this process
         served, so seen() shows what other processes did since (a retirement, say)."""
