@@ -561,3 +561,25 @@ def test_keys_retire(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "exhausted" in capsys.readouterr().err
     assert main([*store, "keys", "show", "old"]) == 0
     assert "retired:" in capsys.readouterr().out
+
+
+def test_the_cli_reads_the_servers_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On main the CLI could not read the server's idmint.toml: `keys add` run elsewhere
+    landed in another store than the server's."""
+    served = tmp_path / "srv" / "ids.db"
+    served.parent.mkdir()
+    config = tmp_path / "idmint.toml"
+    config.write_text(f'[server]\nstore = "sqlite:///{served}"\ntimeout = 3\nport = 8081\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["--config", str(config), "keys", "add", "order"]) == 0
+    monkeypatch.setenv("IDMINT_CONFIG", str(config))
+    assert main(["next", "order"]) == 0
+    assert capsys.readouterr().out.split()[-1] == "1"
+    assert served.exists() and not (elsewhere / "idmint.db").exists()
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    assert main(["--store", other, "keys", "add", "x"]) == 0  # a flag beats the file
+    assert (tmp_path / "other.db").exists()

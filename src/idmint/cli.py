@@ -156,9 +156,17 @@ def _must_exist(url: str) -> None:
     show_default=True,
     help="Seconds to wait for the store (env IDMINT_TIMEOUT).",
 )
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="IDMINT_CONFIG",
+    help="The server's idmint.toml: its [server] store and timeout, unless given otherwise "
+    "(env IDMINT_CONFIG), so every command works on the server's store.",
+)
 @click.version_option(__version__, prog_name="idmint")
 @click.pass_context
-def cli(ctx: click.Context, store: str, timeout: float) -> None:
+def cli(ctx: click.Context, store: str, timeout: float, config_file: Path | None) -> None:
     """Mint short, unique integer ids from the databases you already run."""
     given = {
         name
@@ -166,6 +174,19 @@ def cli(ctx: click.Context, store: str, timeout: float) -> None:
         if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
     }
     ctx.obj = {"store": store, "timeout": timeout, "given": given}
+    if config_file is not None:  # a flag or an environment variable beats the file
+        from .server.config import read_config_file
+
+        table = read_config_file(config_file)
+        for name in ("store", "timeout"):
+            if name in table and name not in given:
+                ctx.obj[name] = table[name]
+        if not isinstance(ctx.obj["timeout"], int | float) or not (
+            0.1 <= ctx.obj["timeout"] <= 600
+        ):
+            raise InvalidArgument(
+                f"bad config file {config_file}: timeout must be from 0.1 to 600 seconds"
+            )
 
 
 def _override(ctx: click.Context, param: click.Parameter, value: object) -> None:
