@@ -130,7 +130,7 @@ BAD_REQUESTS = [
     ("GET", "/no/such/route", 404),
     ("GET", "/v1/keys/k/whatever", 404),
     ("DELETE", "/v1/keys/k/ids", 405),
-    ("POST", "/api/segment/get/k", 405),
+    ("OPTIONS", "/api/segment/get/k", 405),  # Leaf takes GET, POST, PUT, PATCH, DELETE
     ("GET", "/v1/keys/k/ranges", 405),
     ("PUT", "/livez", 405),
 ]

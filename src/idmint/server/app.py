@@ -47,6 +47,7 @@ from ..ids import (
     BATCH_CAP_STEPS,
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
+    ID_MAX,
     MAX_STRIPES,
     Allocation,
     Key,
@@ -79,6 +80,10 @@ from .pools import Pool, PoolTimeout
 log = logging.getLogger("idmint.server")
 
 MAX_IDS = 100_000
+#: The largest `max` of a key made over HTTP: what a key with the most stripes may have, which
+#: /openapi.json can state for every request (a key's bound depends on its stripes). Leaving
+#: max out gives the key the highest it may have.
+HTTP_KEY_MAX = ID_MAX + 1 - MAX_STRIPES
 MAX_RANGE = BATCH_CAP_MAX
 MAX_QUORUM = 1_000_000  # ids per quorum request: a range, however many
 MAX_BODY = 64 * 1024
@@ -1068,6 +1073,12 @@ class App:
         stripes = _int_field(data, "stripes", 1)
         # No max: the highest a key with that many stripes may have (Minter.add_key's rule).
         top = _int_field(data, "max", 0) if "max" in data else None
+        if top is not None and top > HTTP_KEY_MAX:  # /openapi.json's bound, for any stripes
+            raise HttpError(
+                400,
+                f"max must be at most {HTTP_KEY_MAX} over HTTP, not {top}; leave it out for "
+                "the highest the key may have",
+            )
         # Past the deadline the key may still be created: a retry then answers 409.
         created = await self.pools["admin"].run(
             self._store_deadline,

@@ -156,9 +156,15 @@ class DropIn:
         return _json({"data": data, "code": TINYID_OK, "message": ""})
 
     async def _ids(self, request: Request, key: str) -> tuple[Any, str, int]:
-        given = parse_qs(request.query, keep_blank_values=True).get("batchSize")
+        given = parse_qs(request.query, keep_blank_values=True).get("batchSize") or []
+        for value in given:  # every one checked: the last one is used
+            text = value.strip()
+            if text and not (is_digits(text) and 1 <= int(text) <= MAX_IDS):
+                raise HttpError(
+                    400, f"batchSize must be an integer from 1 to {MAX_IDS}, not {text!r}"
+                )
         # tinyid takes an empty batchSize as 1 (an Integer parameter left null)
-        count = 1 if given and not given[-1].strip() else request.param("batchSize", 1, MAX_IDS)
+        count = int(given[-1]) if given and given[-1].strip() else 1
         ids = await self.app._take_ids(key, count, "batchSize")
         return ids, ",".join(map(str, ids)), len(ids)
 

@@ -181,8 +181,11 @@ def dropin_paths() -> dict[str, Any]:
         "name": "batchSize",
         "in": "query",
         "required": False,
-        "description": "How many ids, 1 to 100000 (default 1), at most the key's batch cap",
-        "schema": {"type": "integer", "minimum": 1, "maximum": 100_000, "default": 1},
+        "description": "How many ids, 1 to 100000, at most the key's batch cap; absent or "
+        "empty: 1, as tinyid takes it",
+        # A string: tinyid takes an empty batchSize (Spring leaves the Integer null), which an
+        # integer schema cannot allow. The pattern is 1 to 100000, or nothing.
+        "schema": {"type": "string", "pattern": "^([1-9][0-9]{0,4}|100000)?$", "default": "1"},
     }
     segment = {
         "type": "object",
