@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import idmint
-from idmint import InvalidArgument, Range, ReservationSizing
+from idmint import InvalidArgument, Range, ReservationSizing, StoreUnavailable
 from idmint.stores import open_engine
 from idmint.stores.base import CasStore
 from idmint.stores.engine import Engine
@@ -528,3 +528,15 @@ def test_a_process_of_one_datacenter_runs_its_local_rounds_on_that_datacenters_n
     nowhere = "no node of the cluster is in datacenter 'dc9'"
     with idmint.connect(plain, dc="dc9") as minter, pytest.raises(InvalidArgument, match=nowhere):
         minter.segment(key).next_id()
+
+
+def test_a_cluster_not_answering_is_unavailable_not_a_wrong_datacenter() -> None:
+    """CI caught it under kill -9: a process reconnecting while its contact points were down
+    was told its datacenter was wrong (InvalidArgument, the driver had not learnt any node's
+    datacenter) instead of StoreUnavailable, which callers retry."""
+    engine = open_engine("cassandra://127.0.0.1:1/nowhere?dc=dc1", timeout=2)
+    try:
+        with pytest.raises(StoreUnavailable, match="unavailable"):
+            engine.local_cas("dc1").read("a cell")
+    finally:
+        engine.close()

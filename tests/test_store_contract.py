@@ -148,8 +148,9 @@ def test_raise_only_moves_up(store: RangeStore) -> None:
 
 def test_raise_beyond_the_maximum_is_refused(store: RangeStore) -> None:
     add(store, "k", last=100)
+    # 101 (one past the maximum) retires the key; anything above is refused.
     with pytest.raises(ValueError, match="maximum 100"):
-        store.raise_floor("k", 101)
+        store.raise_floor("k", 102)
     assert store.get_key("k").first_id == 1
 
 

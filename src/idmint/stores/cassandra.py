@@ -447,7 +447,10 @@ class _Connection(ForkAware):
         seen: dict[str, list[str]] = {}
         for host in cluster.metadata.all_hosts():
             seen.setdefault(str(host.datacenter), []).append(str(host.address))
-        if dc not in seen:
+        # A node whose datacenter the driver has not learnt yet (no control connection: the
+        # contact points are down or starting) could be in `dc`: that is a store not answering,
+        # which the caller reports, never a wrong datacenter.
+        if dc not in seen and "None" not in seen:
             known = "; ".join(f"{name}: {', '.join(sorted(a))}" for name, a in sorted(seen.items()))
             raise InvalidArgument(
                 f"store {self.display_url}: no node of the cluster is in datacenter {dc!r} "
