@@ -33,7 +33,7 @@ from idmint import (
 from idmint.cli import main as cli_main
 from idmint.server import App, ServerConfig
 from idmint.stores import open_engine
-from idmint.strategies.quorum import split_nodes
+from idmint.strategies.quorum import QuorumNodeSet, split_nodes
 
 from checks import run_threads
 from harness import Op, duplicates, real_time_violations
@@ -411,7 +411,7 @@ def test_sql_and_mixed_nodes_run_rounds_on_a_thread_per_node(
 
 def _threads_on(node_set: list[str]) -> None:
     gen = open_quorum("mixed", node_set)
-    assert not gen.counter._multiplexed
+    assert not gen.counter.nodes.multiplexed
     ops: list[Op] = []
     names = itertools.count()
     run_threads(lambda: _recorded(gen, 50, ops, f"t{next(names)}"), 4)
@@ -478,7 +478,7 @@ def test_rounds_and_etcd_calls_work_past_descriptor_1023(urls: list[str], etcd_s
     pads = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
         gen = open_quorum("ticket", urls)
-        assert gen.counter._multiplexed
+        assert gen.counter.nodes.multiplexed
         got = [gen.next_id() for _ in range(20)]
         assert got == sorted(got) and len(set(got)) == 20
         gen.close()
@@ -583,3 +583,49 @@ def test_a_quorum_server_is_ready_while_a_majority_of_its_nodes_answers(
     finally:
         nodes.heal()
         app.shutdown()
+
+
+def test_keys_of_one_node_set_share_its_connections_and_threads(
+    nodes: QuorumNodes, urls: list[str], tmp_path: Path
+) -> None:
+    """On main each quorum key opened connections of its own to every node and four threads:
+    3,000 keys made 12,016 threads and 18,048 descriptors. Now the keys of one node list share
+    them: threads and descriptors do not grow with the keys. Keys served at once from many
+    threads, with a node paused meanwhile (so that one key's round reads the late answer to
+    another key's claim), each hand out no id twice and rise in real time."""
+    keys, callers, calls = 150, 8, 60
+    with idmint.connect(f"sqlite:///{tmp_path}/keys.db") as minter:
+        for i in range(keys):
+            minter.add_quorum_key(f"k{i}")
+        minter.quorum("k0", urls).next_id()
+        threads_before = threading.active_count()
+        fds_before = len(os.listdir("/proc/self/fd"))
+        ops: dict[str, list[Op]] = {f"k{i}": [] for i in range(keys)}
+
+        def caller(n: int) -> None:
+            for j in range(calls):
+                key = f"k{(n * 37 + j * 11) % keys}"
+                gen = minter.quorum(key, urls)
+                t0 = time.monotonic()
+                value = gen.next_id()
+                ops[key].append(Op(f"c{n}", t0, time.monotonic(), value=value))
+
+        workers = [threading.Thread(target=caller, args=(n,)) for n in range(callers)]
+        for w in workers:
+            w.start()
+        time.sleep(0.2)
+        nodes.servers[0].pause()
+        time.sleep(0.5)
+        nodes.servers[0].resume()
+        for w in workers:
+            w.join(60)
+        assert not any(w.is_alive() for w in workers)
+        assert len(minter.quorums()) == keys
+        grown = threading.active_count() - threads_before
+        assert grown <= QuorumNodeSet.ROUND_THREADS, threading.enumerate()
+        assert len(os.listdir("/proc/self/fd")) - fds_before <= 3  # a reconnect or so
+        assert sum(len(o) for o in ops.values()) == callers * calls
+        for key_ops in ops.values():
+            _assert_linearizable(key_ops)
+    time.sleep(0.2)
+    assert not [t for t in threading.enumerate() if t.name == "idmint-quorum-rounds"]

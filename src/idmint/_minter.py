@@ -23,11 +23,17 @@ from .ids import (
 from .keyspace import DATACENTER, SEGMENT, KeySpace, KindCheckedRanges, QuorumKey
 from .layout import Layout
 from .stores import DEFAULT_TIMEOUT, open_engine
-from .stores.base import LeaseStore, RangeStore, StoreIdentity
+from .stores.base import LeaseStore, QuorumNode, RangeStore, StoreIdentity
 from .stores.engine import Engine
 from .stores.static import StateFileLeases, StaticLeaseStore
 from .strategies.datacenter import DatacenterRanges, ReservationSizing, check_dc_name
-from .strategies.quorum import QuorumCounter, QuorumGenerator, QuorumOptions
+from .strategies.quorum import (
+    QuorumCounter,
+    QuorumGenerator,
+    QuorumNodeSet,
+    QuorumOptions,
+    check_nodes,
+)
 from .strategies.segment import SegmentGenerator, SegmentOptions
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
@@ -104,6 +110,9 @@ class Minter(ForkAware):
         self.timeout = timeout
         self._snowflakes: list[SnowflakeGenerator] = []
         self._quorums: dict[tuple[str, tuple[str, ...]], QuorumGenerator] = {}
+        #: The node sets of those keys, one per node list (and unsafe, recheck), shared by
+        #: its keys: one connection and thread per node however many keys there are.
+        self._node_sets: dict[tuple[tuple[str, ...], bool, float], QuorumNodeSet] = {}
         self._quorum_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = False
@@ -369,8 +378,8 @@ class Minter(ForkAware):
         more, where its counters live): each id above every id of the key handed out before
         the call began, by any caller. Checks the nodes that answer now (InvalidArgument for
         one that does not fsync each write; see QuorumOptions.unsafe). One per key and node
-        list, closed with the minter. Raises KeyNotFound (WrongKind) for a name that is no
-        quorum key."""
+        list, closed with the minter; the keys of one node list share its connections and
+        threads. Raises KeyNotFound (WrongKind) for a name that is no quorum key."""
         with self._quorum_lock:  # one generator per key and nodes, even when asked at once
             with self._lock:
                 if self._closed:
@@ -380,10 +389,36 @@ class Minter(ForkAware):
                     return made
             key = self.quorum_key(name)
             bounded = replace(options or QuorumOptions(), start=key.start, max=key.max)
-            made = open_quorum(name, nodes, bounded, timeout=self.timeout)
+            node_set = self._node_set(nodes, bounded)
+            try:
+                made = _checked_quorum(name, node_set, bounded)
+            except InvalidArgument:
+                # A set no key could use (a node unsafe, or named twice) is not kept: the
+                # next call looks at the nodes afresh, once the operator has fixed them.
+                if not any(q.counter.nodes is node_set for q in self.quorums()):
+                    with self._lock:
+                        self._node_sets = {
+                            k: v for k, v in self._node_sets.items() if v is not node_set
+                        }
+                    node_set.close()
+                raise
             with self._lock:
                 self._quorums[(name, tuple(nodes))] = made
             return made
+
+    def _node_set(self, nodes: list[str], options: QuorumOptions) -> QuorumNodeSet:
+        """The shared node set of `nodes` (opened on first use; the caller holds
+        _quorum_lock)."""
+        if isinstance(nodes, str):
+            raise InvalidArgument("nodes is a list of store URLs, not one string")
+        index = (tuple(nodes), options.unsafe, options.recheck)
+        with self._lock:
+            made = self._node_sets.get(index)
+        if made is None or made.closed:
+            made = _open_node_set(nodes, options, timeout=self.timeout)
+            with self._lock:
+                self._node_sets[index] = made
+        return made
 
     def quorums(self) -> list[QuorumGenerator]:
         """The quorum keys opened so far, for metrics."""
@@ -408,6 +443,7 @@ class Minter(ForkAware):
             datacenters, self._datacenters = list(self._datacenters.values()), {}
             flakes, self._snowflakes = self._snowflakes, []
             quorums, self._quorums = list(self._quorums.values()), {}
+            node_sets, self._node_sets = list(self._node_sets.values()), {}
         kept: list[tuple[str, Range]] = []
 
         def finish() -> None:
@@ -417,6 +453,8 @@ class Minter(ForkAware):
                 flake.close()
             for quorum in quorums:
                 quorum.close()
+            for node_set in node_sets:
+                node_set.close()
 
         # On a thread: a hung store (socket open, no answer) must not hang the caller, and a
         # thread stuck in a driver call cannot be interrupted, only left behind.
@@ -492,7 +530,20 @@ def open_quorum(
     if isinstance(nodes, str):
         raise InvalidArgument("nodes is a list of store URLs, not one string")
     opened = [open_engine(url, timeout=timeout).quorum() for url in nodes]
-    counter = QuorumCounter(name, opened, options)
+    return _checked_quorum(name, opened, options)
+
+
+def _open_node_set(nodes: list[str], options: QuorumOptions, *, timeout: float) -> QuorumNodeSet:
+    check_nodes(nodes)  # before opening anything
+    opened = [open_engine(url, timeout=timeout).quorum() for url in nodes]
+    return QuorumNodeSet(opened, unsafe=options.unsafe, recheck=options.recheck)
+
+
+def _checked_quorum(
+    name: str, nodes: list[QuorumNode] | QuorumNodeSet, options: QuorumOptions | None
+) -> QuorumGenerator:
+    """Quorum key `name` on `nodes`, its nodes checked (those that answer now)."""
+    counter = QuorumCounter(name, nodes, options)
     generator = QuorumGenerator(counter)
     try:
         counter.check()

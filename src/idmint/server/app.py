@@ -1171,13 +1171,18 @@ class App:
                     self.minter.key(known)
             self._check_identity()
         cold = []
+        # One key per node set asks its nodes: the set's keys share them.
+        by_set: dict[int, list[QuorumGenerator]] = {}
         for quorum in self.minter.quorums():
-            counter = quorum.counter
+            by_set.setdefault(id(quorum.counter.nodes), []).append(quorum)
+        for keys in by_set.values():
+            counter = keys[0].counter
             answering = counter.answering(counter.options.round_wait)
             if answering < counter.majority:
+                more = f" and {len(keys) - 1} more keys on its nodes" if len(keys) > 1 else ""
                 cold.append(
-                    f"quorum key {quorum.key}: {answering} of {len(counter.health())} nodes "
-                    f"answer, a majority is {counter.majority}"
+                    f"quorum key {counter.key}{more}: {answering} of {len(counter.health())} "
+                    f"nodes answer, a majority is {counter.majority}"
                 )
         for name, gen in sorted(list(self._gens.items())):
             if gen.cold():

@@ -44,8 +44,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import NoReturn, cast
+from dataclasses import dataclass, field, replace
+from typing import cast
 
 from .._errors import (
     Closed,
@@ -151,13 +151,13 @@ class NodeHealth:
 
     url: str
     up: bool | None = None  # None: not asked yet
-    counter: int = 0  # the highest counter it answered with
+    counter: int = 0  # the highest counter it answered with (for the key of the snapshot)
     last_error: str | None = None
     last_ok_at: float | None = None  # time.time() of its last answer
     in_flight: bool = False  # a call still runs (a slow or hung node: left out of rounds)
     refused: str | None = None  # why it is never used (unsafe, or a duplicate of another)
 
-    def answered(self, counter: int) -> None:
+    def answered(self, counter: int = 0) -> None:
         self.up, self.last_ok_at, self.last_error = True, time.time(), None
         self.counter = max(self.counter, counter)
 
@@ -186,24 +186,37 @@ _Answer = tuple["_Slot", "tuple[bool, int] | Exception"]
 
 
 class _Slot:
-    """One node, with a thread of its own so that a hung node holds up only its calls. Calls
-    and answers travel on SimpleQueues: a round is five hand-offs each way, and the futures of
-    concurrent.futures cost more CPU than the claims themselves."""
+    """One node of a node set, shared by the set's keys, with a thread of its own so that a
+    hung node holds up only its calls. Calls and answers travel on SimpleQueues: a round is
+    five hand-offs each way, and the futures of concurrent.futures cost more CPU than the
+    claims themselves."""
 
     #: Calls one node may have running or queued: more means it hangs, and rounds go on
     #: without it rather than queue behind it.
     MAX_PENDING = 2
 
-    def __init__(self, node: QuorumNode) -> None:
+    def __init__(self, node: QuorumNode, index: int) -> None:
         self.node = node
-        self.health = NodeHealth(node.display_url)
-        self.checked = False  # durability, identity and counter looked at since the last failure
+        self.index = index  # its place in the set: keys keep what they saw on it there
+        self.health = NodeHealth(node.display_url)  # the node's own (its counter: see _KeyNode)
+        self.checked = False  # durability and identity looked at since the last failure
         self.checked_at = 0.0  # when (monotonic)
         self.identity: str | None = None  # the node's identity when first checked
+        #: Why every key of the set must refuse it at once (unsafe, a duplicate): raised again
+        #: to each key opened on the set, as it was to the first.
+        self.misconfigured: InvalidArgument | None = None
+        #: Failed calls so far: a key reads its counter on the node again once this moved (a
+        #: reconnect may reach a node that lost data meanwhile).
+        self.epoch = 0
         self.forget_threads()
 
     def check_due(self, every: float) -> bool:
         return not self.checked or time.monotonic() - self.checked_at >= every
+
+    def failed(self, error: BaseException) -> None:
+        self.checked = False  # a reconnect may follow: check the node again first
+        self.epoch += 1
+        self.health.failed(error)
 
     def forget_threads(self) -> None:
         """Start afresh (also after a fork: the parent's thread and calls are not ours)."""
@@ -214,9 +227,9 @@ class _Slot:
         self._thread: threading.Thread | None = None
         self._pending = 0
         self.health.in_flight = False
-        #: Multiplexed nodes: the start of the claim whose answer has not been read yet, and
-        #: when it was sent.
-        self.outstanding: int | None = None
+        #: Multiplexed nodes: the key and start of the claim whose answer has not been read
+        #: yet (any key's round may read it: they share the connection), and when it was sent.
+        self.outstanding: tuple[QuorumCounter, int] | None = None
         self.sent_at = 0.0
 
     @property
@@ -259,6 +272,169 @@ class _Slot:
         self._jobs.put(None)
 
 
+class QuorumNodeSet(ForkAware):
+    """The nodes of quorum keys, shared by every key served from them: one connection and one
+    thread per node, and at most ROUND_THREADS threads running the keys' rounds, however many
+    keys there are (a key costs its own counters and queue, nothing per node). The keys'
+    rounds take turns on the nodes (`round_lock`): a round lasts at most round_wait, and a
+    multiplexed node has one claim outstanding at a time.
+
+    Checks that hold for every key run here (a node that may lose acknowledged claims, a node
+    named twice, a node with a new identity); each key checks its own counter on each node.
+    Made by Minter.quorum (one set per node list, shared by its keys) or by a QuorumCounter
+    given node objects (its own set, closed with it)."""
+
+    #: Threads that run the rounds of the set's keys (each a QuorumGenerator's batch). A key
+    #: whose round was lost waits at random before its next one; the other threads go on
+    #: serving the other keys meanwhile.
+    ROUND_THREADS = 4
+    #: Seconds an idle round thread waits for work before it ends.
+    IDLE = 10.0
+
+    def __init__(
+        self, nodes: Sequence[QuorumNode], *, unsafe: bool = False, recheck: float = 10.0
+    ) -> None:
+        check_nodes([n.display_url for n in nodes])
+        self.unsafe, self.recheck = unsafe, recheck
+        self.majority = len(nodes) // 2 + 1
+        self.slots = [_Slot(n, i) for i, n in enumerate(nodes)]
+        # Nodes that take claims apart from their answers run a round on the caller's thread
+        # (poll over their sockets): a third of the CPU of a thread per node.
+        self.multiplexed = all(isinstance(n, MultiplexedQuorumNode) for n in nodes)
+        self._identities: dict[str, str] = {}  # node identity -> url, to spot one node twice
+        self.lost_nodes = 0  # nodes refused while in use: unsafe, a new identity
+        self.closed = False
+        self._fresh_threads()
+        self._watch_fork()
+
+    def _fresh_threads(self) -> None:
+        self.round_lock = threading.Lock()
+        self._work = threading.Condition()
+        self._ready: deque[QuorumGenerator] = deque()
+        self._threads = self._idle = 0
+
+    def _after_fork(self) -> None:
+        self._fresh_threads()
+        for slot in self.slots:
+            slot.forget_threads()
+
+    def fork_check(self) -> None:
+        """Drop the parent's threads and calls if this is a forked child."""
+        self._check_fork()
+
+    # -- node checks -------------------------------------------------------------------------
+
+    def check_node(self, slot: _Slot) -> None:
+        """Refuse `slot`'s node for every key (raises InvalidArgument) if it is unsafe, a
+        duplicate of another, or has a new identity since this process first checked it (a
+        restart with an empty data directory: it lost the claims it acknowledged). A node
+        that cannot be asked raises StoreUnavailable. On the node's thread."""
+        node = slot.node
+        why = node.durability()
+        if why is not None and not self.unsafe:
+            slot.misconfigured = self._refuse(
+                slot,
+                why,
+                f"quorum node {node.display_url} is unsafe: {why}. A node that loses a claim "
+                "it acknowledged lets ids repeat after its crash; make it fsync every write "
+                "(docs/quorum.md), or accept the risk with --unsafe-nodes (IDMINT_UNSAFE_NODES, "
+                "QuorumOptions(unsafe=True))",
+            )
+            raise slot.misconfigured
+        if why is not None and not slot.checked_at:
+            log.warning(
+                "quorum node %s may lose claims (%s): running unsafe", node.display_url, why
+            )
+        identity = node.identity()
+        if identity is not None:
+            if slot.identity is not None and identity.id != slot.identity:
+                raise self._refuse(
+                    slot,
+                    "a new store identity: it lost its data",
+                    f"quorum node {node.display_url} has a new store identity ({identity.id}, "
+                    f"was {slot.identity}): it lost its data, and with it the claims it "
+                    "acknowledged, so it no longer votes on any key in this process. Before "
+                    "using it again, raise its counters above every id handed out",
+                )
+            slot.identity = identity.id
+            other = self._identities.setdefault(identity.id, node.display_url)
+            if other != node.display_url:
+                slot.misconfigured = self._refuse(
+                    slot,
+                    f"the same node as {other}",
+                    f"quorum nodes {other} and {node.display_url} are one node (one store "
+                    "identity): a majority counted on them is not a majority",
+                )
+                raise slot.misconfigured
+        slot.checked, slot.checked_at = True, time.monotonic()
+
+    def _refuse(self, slot: _Slot, why: str, message: str) -> InvalidArgument:
+        """Leave the slot's node out of every round from now on, loudly."""
+        slot.health.refused = why
+        self.lost_nodes += 1
+        log.error("%s", message)
+        return InvalidArgument(message)
+
+    def misconfigured(self) -> InvalidArgument | None:
+        """Why a node of the set is refused for every key (unsafe, a duplicate), if one is."""
+        return next((s.misconfigured for s in self.slots if s.misconfigured), None)
+
+    # -- round threads -----------------------------------------------------------------------
+
+    def schedule(self, generator: QuorumGenerator) -> None:
+        """Run `generator`'s next batch on a round thread (one started if none is idle)."""
+        self.fork_check()
+        with self._work:
+            self._ready.append(generator)
+            if self._idle < len(self._ready) and self._threads < self.ROUND_THREADS:
+                self._threads += 1
+                threading.Thread(target=self._run, name="idmint-quorum-rounds", daemon=True).start()
+            self._work.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._work:
+                idle_until = time.monotonic() + self.IDLE
+                while not self._ready:
+                    left = idle_until - time.monotonic()
+                    if left <= 0 or self.closed:
+                        self._threads -= 1
+                        return
+                    self._idle += 1
+                    self._work.wait(left)
+                    self._idle -= 1
+                generator = self._ready.popleft()
+            try:
+                generator.flush_once()
+            except Exception:  # a bug: never lose the thread, never leave callers waiting
+                log.exception("quorum key %r: batch failed", generator.key)
+
+    def close(self) -> None:
+        """Stop the round threads and close the nodes (every key of the set stops too)."""
+        with self._work:
+            self.closed = True
+            self._work.notify_all()
+        for slot in self.slots:
+            slot.shutdown()
+            try:
+                slot.node.close()
+            except Exception as exc:  # closing is best effort
+                log.debug("closing quorum node %s: %s", slot.node.display_url, exc)
+
+
+@dataclass
+class _KeyNode:
+    """What one key saw on one node of its set."""
+
+    counter: int = 0  # the highest counter the node answered for the key
+    refused: str | None = None  # why the node no longer votes on this key (its counter went back)
+    checked_epoch: int = -1  # the node's epoch when the key last read its counter there
+    checked_at: float = 0.0
+
+    def check_due(self, slot: _Slot, every: float) -> bool:
+        return self.checked_epoch != slot.epoch or time.monotonic() - self.checked_at >= every
+
+
 @dataclass
 class _Outcome:
     applied: int = 0  # nodes that took the claim
@@ -268,34 +444,50 @@ class _Outcome:
 
 class QuorumCounter(ForkAware):
     """Rounds of one quorum key on its nodes (see the module doc). `take` runs one request at
-    a time: callers in one process share a QuorumGenerator, which batches them."""
+    a time: callers in one process share a QuorumGenerator, which batches them. `nodes` is a
+    QuorumNodeSet shared with other keys, or the node objects of a set of its own."""
 
     def __init__(
-        self, key: str, nodes: Sequence[QuorumNode], options: QuorumOptions | None = None
+        self,
+        key: str,
+        nodes: Sequence[QuorumNode] | QuorumNodeSet,
+        options: QuorumOptions | None = None,
     ) -> None:
         check_key_name(key)
-        check_nodes([n.display_url for n in nodes])
         self.key = key
         self.options = options or QuorumOptions()
-        self.majority = len(nodes) // 2 + 1
-        self._slots = [_Slot(n) for n in nodes]
-        # Nodes that take claims apart from their answers run a round on the caller's thread
-        # (poll over their sockets): a third of the CPU of a thread per node.
-        self._multiplexed = all(isinstance(n, MultiplexedQuorumNode) for n in nodes)
-        self._identities: dict[str, str] = {}  # node identity -> url, to spot one node twice
+        if isinstance(nodes, QuorumNodeSet):
+            if nodes.unsafe != self.options.unsafe:
+                raise InvalidArgument("a key's unsafe option must be its node set's")
+            self.nodes, self._owns_nodes = nodes, False
+        else:
+            opts = self.options
+            self.nodes = QuorumNodeSet(nodes, unsafe=opts.unsafe, recheck=opts.recheck)
+            self._owns_nodes = True
+        self.majority = self.nodes.majority
+        self._slots = self.nodes.slots
+        self._mine = [_KeyNode() for _ in self._slots]
         self._lock = threading.Lock()  # one request at a time
         self._guess = self.options.start  # the next start worth trying
         self._spread = 1.0  # how widely a round's start is spread above it (see take)
         self.rounds = self.retries = self.burnt = 0
-        self.lost_nodes = 0  # nodes refused while in use: unsafe, or data lost (see _check)
+        self._lost = 0  # nodes this key refused: their counter of it went back
         #: Called between choosing a round's start and sending its claims (tests pause here).
         self.before_claim: Callable[[int, int], None] | None = None
         self._watch_fork()
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
-        for slot in self._slots:
-            slot.forget_threads()
+        self.nodes.fork_check()
+
+    @property
+    def lost_nodes(self) -> int:
+        """Nodes refused while in use for this key: unsafe, data lost (see _check_key)."""
+        return self._lost + self.nodes.lost_nodes
+
+    def _refused(self, slot: _Slot) -> str | None:
+        """Why the slot's node takes no part in this key's rounds, if it does not."""
+        return slot.health.refused or self._mine[slot.index].refused
 
     # -- node checks -------------------------------------------------------------------------
 
@@ -305,11 +497,13 @@ class QuorumCounter(ForkAware):
         or that is another node again under a second URL. Nodes that do not answer are
         checked before their first claim."""
         self._check_fork()
+        if (bad := self.nodes.misconfigured()) is not None:
+            raise bad
         answers: queue.SimpleQueue[_Answer] = queue.SimpleQueue()
         sent = sum(
             slot.submit(
                 functools.partial(self._connect, slot)
-                if self._multiplexed
+                if self.nodes.multiplexed
                 else functools.partial(self._checked_call, slot, None),
                 answers,
             )
@@ -325,83 +519,47 @@ class QuorumCounter(ForkAware):
             if isinstance(answer, InvalidArgument):
                 raise answer
 
-    def _check(self, slot: _Slot) -> None:
-        """Refuse `slot`'s node for good (raises InvalidArgument) if it is unsafe, a duplicate
-        of another, or lost data since this process first checked it: a new identity (a
-        restart with an empty data directory) or the key's counter below one it answered
-        before (a restore). A node that cannot be asked raises StoreUnavailable.
-
-        Run before a node's first claim, again after each failed call (so on every reconnect)
-        and every options.recheck seconds: a node's settings and data can change under a
-        running process, and a node that lost acknowledged claims must not vote again."""
-        node = slot.node
-        why = node.durability()
-        if why is not None and not self.options.unsafe:
-            self._refuse(
-                slot,
-                why,
-                f"quorum node {node.display_url} is unsafe: {why}. A node that loses a claim "
-                "it acknowledged lets ids repeat after its crash; make it fsync every write "
-                "(docs/quorum.md), or accept the risk with --unsafe-nodes (IDMINT_UNSAFE_NODES, "
-                "QuorumOptions(unsafe=True))",
-            )
-        if why is not None and not slot.checked_at:
-            log.warning(
-                "quorum node %s may lose claims (%s): running unsafe", node.display_url, why
-            )
-        identity = node.identity()
-        if identity is not None:
-            if slot.identity is not None and identity.id != slot.identity:
-                self._refuse(
-                    slot,
-                    "a new store identity: it lost its data",
-                    f"quorum node {node.display_url} has a new store identity ({identity.id}, "
-                    f"was {slot.identity}): it lost its data, and with it the claims it "
-                    f"acknowledged, so it no longer votes on key {self.key!r} in this process. "
-                    "Before using it again, raise its counters above every id handed out",
-                )
-            slot.identity = identity.id
-            other = self._identities.setdefault(identity.id, node.display_url)
-            if other != node.display_url:
-                self._refuse(
-                    slot,
-                    f"the same node as {other}",
-                    f"quorum nodes {other} and {node.display_url} are one node (one store "
-                    "identity): a majority counted on them is not a majority",
-                )
+    def _check_key(self, slot: _Slot) -> None:
+        """Refuse `slot`'s node for this key (raises InvalidArgument) if the key's counter on
+        it is below one it answered before (a restore from an older copy): it lost claims it
+        acknowledged. Run before the key's first claim there, after each failed call to the
+        node (so on every reconnect) and every options.recheck seconds."""
+        mine = self._mine[slot.index]
+        epoch = slot.epoch
         # What the node answered before the read: a round on another thread may raise it
         # while the read is under way, and a counter only moves up.
-        answered = slot.health.counter
-        counter = node.read(self.key)
+        answered = mine.counter
+        counter = slot.node.read(self.key)
         if counter < answered:
-            self._refuse(
+            raise self._refuse_key(
                 slot,
                 f"its counter went back from {answered} to {counter}",
-                f"quorum node {node.display_url}: the counter of key {self.key!r} went back "
-                f"from {answered} to {counter}: it lost acknowledged claims "
-                "(restored from an older copy?), so it no longer votes on this key in this "
-                "process. Before using it again, raise its counter above every id handed out",
+                f"quorum node {slot.node.display_url}: the counter of key {self.key!r} went "
+                f"back from {answered} to {counter}: it lost acknowledged claims (restored "
+                "from an older copy?), so it no longer votes on this key in this process. "
+                "Before using it again, raise its counter above every id handed out",
             )
-        slot.checked, slot.checked_at = True, time.monotonic()
+        mine.checked_epoch, mine.checked_at = epoch, time.monotonic()
 
-    def _refuse(self, slot: _Slot, why: str, message: str) -> NoReturn:
-        """Leave the slot's node out of every round from now on, loudly."""
-        slot.health.refused = why
-        self.lost_nodes += 1
+    def _refuse_key(self, slot: _Slot, why: str, message: str) -> InvalidArgument:
+        self._mine[slot.index].refused = why
+        self._lost += 1
         log.error("%s", message)
-        raise InvalidArgument(message)
+        return InvalidArgument(message)
 
     def _checked_call(self, slot: _Slot, claim: tuple[int, int] | None) -> tuple[bool, int]:
-        """On the node's thread: check it if not done yet, then claim (or only check)."""
+        """On the node's thread: check the node and the key's counter there if due, then
+        claim (or only check)."""
         try:
-            if slot.check_due(self.options.recheck):
-                self._check(slot)
+            if slot.check_due(self.nodes.recheck):
+                self.nodes.check_node(slot)
+            if self._mine[slot.index].check_due(slot, self.options.recheck):
+                self._check_key(slot)
             if claim is None:
                 return False, 0
             applied, counter = slot.node.claim(self.key, *claim)
         except Exception as exc:
-            slot.checked = False  # a reconnect may follow: check the node again first
-            slot.health.failed(exc)
+            slot.failed(exc)
             raise
         self._answered(slot, applied, counter)
         return applied, counter
@@ -409,18 +567,19 @@ class QuorumCounter(ForkAware):
     def _answered(self, slot: _Slot, applied: bool, counter: int) -> None:
         """Note a claim's answer. A refusal carries the node's counter, which only moves up:
         below one the node answered before, the node lost claims it acknowledged."""
-        if not applied and counter < slot.health.counter:
-            slot.checked = False
-            with contextlib.suppress(InvalidArgument):
-                self._refuse(
-                    slot,
-                    f"its counter went back from {slot.health.counter} to {counter}",
-                    f"quorum node {slot.node.display_url}: the counter of key {self.key!r} "
-                    f"went back from {slot.health.counter} to {counter}: it lost acknowledged "
-                    "claims, so it no longer votes on this key in this process",
-                )
+        mine = self._mine[slot.index]
+        if not applied and counter < mine.counter:
+            mine.checked_epoch = -1
+            self._refuse_key(
+                slot,
+                f"its counter went back from {mine.counter} to {counter}",
+                f"quorum node {slot.node.display_url}: the counter of key {self.key!r} "
+                f"went back from {mine.counter} to {counter}: it lost acknowledged "
+                "claims, so it no longer votes on this key in this process",
+            )
             return
-        slot.health.answered(counter)
+        mine.counter = max(mine.counter, counter)
+        slot.health.answered()
 
     # -- rounds ------------------------------------------------------------------------------
 
@@ -432,8 +591,8 @@ class QuorumCounter(ForkAware):
         waiting: set[_Slot] = set()
         for slot in self._slots:
             url = slot.node.display_url
-            if slot.health.refused is not None:
-                outcome.errors.append(f"{url}: refused ({slot.health.refused})")
+            if (refused := self._refused(slot)) is not None:
+                outcome.errors.append(f"{url}: refused ({refused})")
             elif slot.submit(functools.partial(self._checked_call, slot, (start, end)), answers):
                 waiting.add(slot)
             else:
@@ -447,8 +606,8 @@ class QuorumCounter(ForkAware):
             waiting.discard(slot)
             if isinstance(answer, Exception):
                 outcome.errors.append(f"{slot.node.display_url}: {answer}")
-            elif slot.health.refused is not None:
-                outcome.errors.append(f"{slot.node.display_url}: refused ({slot.health.refused})")
+            elif (refused := self._refused(slot)) is not None:
+                outcome.errors.append(f"{slot.node.display_url}: refused ({refused})")
             elif answer[0]:
                 outcome.applied += 1
             else:
@@ -459,21 +618,24 @@ class QuorumCounter(ForkAware):
 
     def _mux_round(self, start: int, end: int, until: float) -> _Outcome:
         """`_round` on MultiplexedQuorumNodes: send the claim to each node, then read the
-        answers as they come. A node is sent a claim only once its previous answer is read;
-        connecting and checking a node run on its own thread, never holding up a round."""
+        answers as they come. A node is sent a claim only once its previous answer (maybe
+        another key's) is read; connecting and checking a node run on its own thread, never
+        holding up a round."""
         outcome = _Outcome()
         live: dict[int, _Slot] = {}
         for slot in self._slots:
             node = cast(MultiplexedQuorumNode, slot.node)
             url = node.display_url
-            if slot.health.refused is not None:
-                outcome.errors.append(f"{url}: refused ({slot.health.refused})")
+            if (refused := self._refused(slot)) is not None:
+                outcome.errors.append(f"{url}: refused ({refused})")
                 continue
             if not (slot.checked and node.mux_connected()):
                 self._prepare(slot)
                 outcome.errors.append(f"{url}: {slot.health.last_error or 'connecting'}")
                 continue
-            if slot.check_due(self.options.recheck):
+            if slot.check_due(self.nodes.recheck) or self._mine[slot.index].check_due(
+                slot, self.options.recheck
+            ):
                 self._prepare(slot, recheck=True)  # on its thread; the node votes meanwhile
             if slot.outstanding is not None and not self._drain(slot):
                 outcome.errors.append(f"{url}: an earlier claim is still unanswered")
@@ -481,10 +643,10 @@ class QuorumCounter(ForkAware):
             try:
                 node.send_claim(self.key, start, end)
             except Exception as exc:
-                self._mux_failed(slot, exc)
+                _mux_failed(slot, exc)
                 outcome.errors.append(f"{url}: {exc}")
                 continue
-            slot.outstanding, slot.sent_at = start, time.monotonic()
+            slot.outstanding, slot.sent_at = (self, start), time.monotonic()
             slot.health.in_flight = True
             live[node.fileno()] = slot
         while outcome.applied < self.majority <= outcome.applied + len(live):
@@ -495,7 +657,7 @@ class QuorumCounter(ForkAware):
             ready = readable(live, left)
             for fd in ready:
                 slot = live.pop(fd)
-                answer = self._mux_receive(slot)
+                answer = _mux_receive(slot)
                 if isinstance(answer, Exception):
                     outcome.errors.append(f"{slot.node.display_url}: {answer}")
                 elif answer:
@@ -504,41 +666,15 @@ class QuorumCounter(ForkAware):
                     outcome.refused += 1
         return outcome
 
-    def _mux_receive(self, slot: _Slot) -> bool | Exception:
-        """The answer to the slot's outstanding claim: whether it applied, or the error."""
-        node = cast(MultiplexedQuorumNode, slot.node)
-        try:
-            applied, counter, echoed = node.receive_claim()
-        except Exception as exc:
-            self._mux_failed(slot, exc)
-            return exc
-        expected, slot.outstanding = slot.outstanding, None
-        slot.health.in_flight = False
-        if echoed != expected:  # one claim outstanding per node: an answer is never another's
-            error = StoreUnavailable(f"answered the claim from {echoed}, not from {expected}")
-            self._mux_failed(slot, error)
-            return error
-        self._answered(slot, applied, counter)
-        if slot.health.refused is not None:
-            return InvalidArgument(f"refused ({slot.health.refused})")
-        return applied
-
     def _drain(self, slot: _Slot) -> bool:
         """Read the late answer to the slot's outstanding claim if it has come (True: the node
         can take another). One overdue past OVERDUE seconds drops the connection."""
         node = cast(MultiplexedQuorumNode, slot.node)
         if readable([node.fileno()], 0):
-            return not isinstance(self._mux_receive(slot), Exception)
+            return not isinstance(_mux_receive(slot), Exception)
         if time.monotonic() - slot.sent_at > OVERDUE:
-            self._mux_failed(slot, StoreUnavailable(f"no answer within {OVERDUE:g} s"))
+            _mux_failed(slot, StoreUnavailable(f"no answer within {OVERDUE:g} s"))
         return False
-
-    def _mux_failed(self, slot: _Slot, error: Exception) -> None:
-        cast(MultiplexedQuorumNode, slot.node).mux_reset()
-        slot.checked = False  # the next connection checks the node again
-        slot.outstanding = None
-        slot.health.in_flight = False
-        slot.health.failed(error)
 
     def _prepare(self, slot: _Slot, *, recheck: bool = False) -> None:
         """Check and connect the node on its own thread (once at a time); with `recheck`,
@@ -548,12 +684,15 @@ class QuorumCounter(ForkAware):
             slot.submit(functools.partial(call, slot, None), queue.SimpleQueue())
 
     def _connect(self, slot: _Slot, _: None = None) -> tuple[bool, int]:
-        """On the node's thread: check it (if not done yet) and open its claim connection."""
+        """On the node's thread: check it (if due) and open its claim connection (unless
+        open: another key's round may be using it)."""
         self._checked_call(slot, None)
+        node = cast(MultiplexedQuorumNode, slot.node)
         try:
-            cast(MultiplexedQuorumNode, slot.node).mux_connect()
+            if not node.mux_connected():
+                node.mux_connect()
         except Exception as exc:
-            slot.health.failed(exc)
+            slot.failed(exc)
             raise
         return False, 0
 
@@ -571,7 +710,7 @@ class QuorumCounter(ForkAware):
         wait_cap = options.first_wait
         with self._lock:
             while True:
-                counters = sorted(s.health.counter for s in self._slots)
+                counters = sorted(m.counter for m in self._mine)
                 seen = counters[-1]
                 start = max(self._guess, seen + 1, options.start)
                 if start + count - 1 > options.max:
@@ -588,9 +727,7 @@ class QuorumCounter(ForkAware):
                 end = start + count - 1
                 if self.before_claim is not None:
                     self.before_claim(start, end)
-                wait_until = min(give_up, time.monotonic() + options.round_wait)
-                round_ = self._mux_round if self._multiplexed else self._round
-                outcome = round_(start, end, max(wait_until, time.monotonic() + 0.001))
+                outcome = self._take_turn(start, end, give_up)
                 if outcome.applied >= self.majority:
                     self._guess = end + 1
                     self._spread = max(1.0, self._spread * 0.95)
@@ -609,7 +746,7 @@ class QuorumCounter(ForkAware):
                     # skipped ids are never handed out: numbers are spent, not time.
                     if seen:  # a fresh counter's first refusal only tells it where the key is
                         self._spread = min(self._spread * 2, MAX_SPREAD)
-                    self._guess = max(end + 1, max(s.health.counter for s in self._slots) + 1)
+                    self._guess = max(end + 1, max(m.counter for m in self._mine) + 1)
                 # Then a random wait, doubling with each loss: fewer callers race at once. But
                 # a round every node refused only had a stale start, which their answers just
                 # corrected; a caller that waited after each of those would be stale again each
@@ -628,6 +765,24 @@ class QuorumCounter(ForkAware):
                         + (f", {'; '.join(outcome.errors[:5])}" if outcome.errors else "")
                     )
 
+    def _take_turn(self, start: int, end: int, give_up: float) -> _Outcome:
+        """One round of [start, end], in turn with the other keys of the node set (each round
+        lasts at most round_wait), ending by the monotonic time `give_up`."""
+        if self.closed:
+            raise Closed(f"quorum key {self.key!r} is closed")
+        if not self.nodes.round_lock.acquire(timeout=max(0, give_up - time.monotonic())):
+            return _Outcome(errors=["other keys' rounds held the nodes until the deadline"])
+        try:
+            wait_until = min(give_up, time.monotonic() + self.options.round_wait)
+            round_ = self._mux_round if self.nodes.multiplexed else self._round
+            return round_(start, end, max(wait_until, time.monotonic() + 0.001))
+        finally:
+            self.nodes.round_lock.release()
+
+    @property
+    def closed(self) -> bool:
+        return self.nodes.closed
+
     def answering(self, timeout: float) -> int:
         """How many usable nodes answer a read of the key within `timeout` seconds, each on
         its own thread (a hung node holds up nothing): for readiness, which must ask the nodes
@@ -637,7 +792,7 @@ class QuorumCounter(ForkAware):
         sent = sum(
             slot.submit(functools.partial(self._read_health, slot), answers)
             for slot in self._slots
-            if slot.health.refused is None
+            if self._refused(slot) is None
         )
         until, answered = time.monotonic() + timeout, 0
         for _ in range(sent):
@@ -658,15 +813,46 @@ class QuorumCounter(ForkAware):
         return False, counter
 
     def health(self) -> list[NodeHealth]:
-        return [NodeHealth(**vars(s.health)) for s in self._slots]
+        """Each node as this key sees it: the node's state, the key's counter on it, and why
+        it does not vote (on any key, or on this one)."""
+        return [
+            replace(s.health, counter=m.counter, refused=self._refused(s))
+            for s, m in zip(self._slots, self._mine, strict=True)
+        ]
 
     def close(self) -> None:
-        for slot in self._slots:
-            slot.shutdown()
-            try:
-                slot.node.close()
-            except Exception as exc:  # closing is best effort
-                log.debug("closing quorum node %s: %s", slot.node.display_url, exc)
+        """Close the nodes if the set is this key's own; a shared set is its owner's."""
+        if self._owns_nodes:
+            self.nodes.close()
+
+
+def _mux_receive(slot: _Slot) -> bool | Exception:
+    """The answer to the slot's outstanding claim, noted for the key that sent it (any key of
+    the set may read it): whether it applied, or the error."""
+    node = cast(MultiplexedQuorumNode, slot.node)
+    try:
+        applied, counter, echoed = node.receive_claim()
+    except Exception as exc:
+        _mux_failed(slot, exc)
+        return exc
+    assert slot.outstanding is not None
+    (key, expected), slot.outstanding = slot.outstanding, None
+    slot.health.in_flight = False
+    if echoed != expected:  # one claim outstanding per node: an answer is never another's
+        error = StoreUnavailable(f"answered the claim from {echoed}, not from {expected}")
+        _mux_failed(slot, error)
+        return error
+    key._answered(slot, applied, counter)
+    if (refused := key._refused(slot)) is not None:
+        return InvalidArgument(f"refused ({refused})")
+    return applied
+
+
+def _mux_failed(slot: _Slot, error: Exception) -> None:
+    cast(MultiplexedQuorumNode, slot.node).mux_reset()
+    slot.failed(error)  # the next connection checks the node again
+    slot.outstanding = None
+    slot.health.in_flight = False
 
 
 @dataclass
@@ -709,17 +895,18 @@ class QuorumGenerator(ForkAware):
         self.key = counter.key
         self._cond = threading.Condition()
         self._queue: deque[_Request] = deque()
-        self._flusher: threading.Thread | None = None
+        self._scheduled = False  # on the node set's list of keys with work, or being served
+        self._running = False  # a batch of it is in a round now
         self._closed = False
         self.ids = self.requests = self.failures = self.largest_batch = 0
         self.last_error: str | None = None
         self._watch_fork()
 
     def _after_fork(self) -> None:
-        # The parent's flusher thread and waiting callers are not in this process.
+        # The parent's round threads and waiting callers are not in this process.
         self._cond = threading.Condition()
         self._queue = deque()
-        self._flusher = None
+        self._scheduled = self._running = False
 
     def next_id(self) -> int:
         return self.take(1).start
@@ -776,12 +963,9 @@ class QuorumGenerator(ForkAware):
             if self._closed:
                 raise Closed(f"quorum key {self.key!r} is closed")
             self._queue.append(request)
-            if self._flusher is None:
-                self._flusher = threading.Thread(
-                    target=self._flush, name=f"idmint-quorum-{self.key}", daemon=True
-                )
-                self._flusher.start()
-            self._cond.notify()
+            schedule, self._scheduled = not self._scheduled, True
+        if schedule:
+            self.counter.nodes.schedule(self)
         return request
 
     def _abandon(self, request: _Request) -> None:
@@ -794,47 +978,57 @@ class QuorumGenerator(ForkAware):
                 self._queue.remove(request)
         raise QuorumUnavailable(f"quorum key {self.key!r}: no round served this request")
 
-    def _flush(self) -> None:
-        while True:
+    def flush_once(self) -> None:
+        """Serve the waiting requests (up to max_batch ids) with one take, on a round thread
+        of the node set; then back on its list if more came meanwhile."""
+        with self._cond:
+            if self._closed or not self._queue:
+                self._scheduled = False
+                return
+            batch = [self._queue.popleft()]
+            total = batch[0].count
+            limit = self.counter.options.max_batch
+            while self._queue and total + self._queue[0].count <= limit:
+                batch.append(self._queue.popleft())
+                total += batch[-1].count
+            self._running = True
+        try:
+            self._serve(batch, total)
+        finally:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    for request in self._queue:
-                        request.answer(error=Closed(f"quorum key {self.key!r} is closed"))
-                    self._queue.clear()
-                    return
-                batch = [self._queue.popleft()]
-                total = batch[0].count
-                limit = self.counter.options.max_batch
-                while self._queue and total + self._queue[0].count <= limit:
-                    batch.append(self._queue.popleft())
-                    total += batch[-1].count
-            try:
-                # A request that waited behind a round is answered by its own deadline, not a
-                # whole deadline after that round ended.
-                got = self.counter.take(total, until=min(r.until for r in batch))
-            except Exception as exc:
-                if not isinstance(exc, IdmintError):  # a bug, or a driver error not mapped
-                    log.exception("quorum key %r: round failed", self.key)
-                    exc = QuorumUnavailable(f"quorum key {self.key!r}: {exc}")
-                self.failures += len(batch)
-                self.last_error = str(exc)
-                for request in batch:
-                    request.answer(error=exc)
-                continue
-            self.largest_batch = max(self.largest_batch, len(batch))
-            next_start = got.start
-            with self._cond:  # against a caller abandoning its request meanwhile
-                for request in batch:  # in arrival order: the earliest gets the lowest ids
-                    ids = Range(next_start, next_start + request.count)
-                    next_start += request.count
-                    if request.abandoned:
-                        self.counter.burnt += request.count
-                        continue
-                    self.ids += request.count
-                    self.requests += 1
-                    request.answer(ids)
+                self._running = False
+                more = bool(self._queue) and not self._closed
+                self._scheduled = more
+                self._cond.notify_all()
+        if more:
+            self.counter.nodes.schedule(self)  # behind the keys already waiting: fair turns
+
+    def _serve(self, batch: list[_Request], total: int) -> None:
+        try:
+            # A request that waited behind a round is answered by its own deadline, not a
+            # whole deadline after that round ended.
+            got = self.counter.take(total, until=min(r.until for r in batch))
+        except Exception as exc:
+            if not isinstance(exc, IdmintError):  # a bug, or a driver error not mapped
+                log.exception("quorum key %r: round failed", self.key)
+                exc = QuorumUnavailable(f"quorum key {self.key!r}: {exc}")
+            self.failures += len(batch)
+            self.last_error = str(exc)
+            for request in batch:
+                request.answer(error=exc)
+            return
+        self.largest_batch = max(self.largest_batch, len(batch))
+        next_start = got.start
+        with self._cond:  # against a caller abandoning its request meanwhile
+            for request in batch:  # in arrival order: the earliest gets the lowest ids
+                ids = Range(next_start, next_start + request.count)
+                next_start += request.count
+                if request.abandoned:
+                    self.counter.burnt += request.count
+                    continue
+                self.ids += request.count
+                self.requests += 1
+                request.answer(ids)
 
     def stats(self) -> QuorumStats:
         counter = self.counter
@@ -858,14 +1052,14 @@ class QuorumGenerator(ForkAware):
         return self._closed
 
     def close(self, timeout: float = 1.0) -> None:
-        """Stop taking requests, answer the waiting ones with Closed, close the nodes; waits
-        at most `timeout` for a round in flight."""
+        """Stop taking requests, answer the waiting ones with Closed, close the nodes (if the
+        key's own); waits at most `timeout` for a round in flight."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
-            self._cond.notify_all()
-            flusher = self._flusher
-        if flusher is not None:
-            flusher.join(timeout)
+            for request in self._queue:
+                request.answer(error=Closed(f"quorum key {self.key!r} is closed"))
+            self._queue.clear()
+            self._cond.wait_for(lambda: not self._running, timeout)
         self.counter.close()
