@@ -32,11 +32,13 @@ class RedisServer(Pausable):
         host: str = LOOPBACK,
         also: tuple[str, ...] = (),
         appendfsync: str | None = "always",
+        replica_of: tuple[str, int] | None = None,
     ) -> None:
         """`also`: more addresses to listen on (clients cut off apart: harness.Partition).
         `appendfsync`: the append-only file's fsync policy; None: no append-only file (a
-        restart then comes back empty)."""
+        restart then comes back empty). `replica_of`: (host, port) of the primary it follows."""
         self.host, self.also = host, also
+        self.replica_of = replica_of
         self.appendfsync = appendfsync
         self.port = free_port()
         self.startup_timeout = startup_timeout
@@ -67,6 +69,8 @@ class RedisServer(Pausable):
             *("--appendfsync", self.appendfsync or "always"),
             *("--daemonize", "no", "--protected-mode", "no"),
         ]
+        if self.replica_of is not None:
+            argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -125,6 +129,9 @@ class RedisServer(Pausable):
     def _atexit(self) -> None:
         self.kill()
         shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=self.host, port=self.port, socket_timeout=5)
 
     def store_url(self, name: str) -> str:
         """A URL to a fresh, private key prefix on this server."""

@@ -30,6 +30,7 @@ from ..ids import (
     stripe_row,
 )
 from .base import StoreIdentity
+from .replication import REPLICA, ReplicationState
 
 T = TypeVar("T")
 
@@ -124,6 +125,11 @@ class Dialect:
     #: Why a commit the server acknowledged might not survive its crash (settings that skip
     #: the fsync), read with a cursor; None when commits are durable.
     durability: Callable[[Any], str | None] = field(default=lambda cur: None, repr=False)
+    #: The server's replication (role, lineage, replicas, what a commit waits for), read with
+    #: a cursor; None for an engine without replication (SQLite).
+    replication: Callable[[Any], ReplicationState | None] = field(
+        default=lambda cur: None, repr=False
+    )
     #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
     #: the URL: not in the repr, which a debugger or an error tracker may show.
     scrub: Callable[[str], str] = field(default=str, repr=False)
@@ -178,6 +184,7 @@ class SqlConnection(ForkAware):
                 cur = conn.cursor()
                 for statement in self._dialect.on_connect:
                     cur.execute(statement)
+                self._check_primary(cur)
                 # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another process
                 # creating the same table; the table is there, which is the goal.
                 for statement in (*self._dialect.schema, *COMMON_SCHEMA):
@@ -190,6 +197,16 @@ class SqlConnection(ForkAware):
                 raise
             self._conn = conn
         return self._conn.cursor()
+
+    def _check_primary(self, cur: Any) -> None:
+        """Refuse a server that takes no writes (a standby, a read-only replica): while a
+        failover moves the URL's address, a connection can land on one."""
+        state = self._dialect.replication(cur)
+        if state is not None and state.role == REPLICA:
+            raise StoreUnavailable(
+                f"store {self.display_url} is a replica ({state.detail}): it takes no writes; "
+                "give the primary's address (or wait for the failover to finish)"
+            )
 
     @staticmethod
     def _add_columns(cur: Any) -> None:
@@ -228,6 +245,10 @@ class SqlConnection(ForkAware):
             cur.execute(select, ("store",))
             row = cur.fetchone()
         return StoreIdentity(str(row[0]), int(row[1]))
+
+    def replication(self) -> ReplicationState | None:
+        """The server's replication as it is now (see stores/replication.py)."""
+        return self._run(self._dialect.replication, transaction=False)
 
     def identity(self) -> StoreIdentity | None:
         """The store's identity, as read by the current connection (connecting if needed)."""

@@ -24,6 +24,7 @@ from ._deadline import WATCHDOG
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
 from ._urls import scrub
+from .replication import POSTGRES_QUERY, ReplicationState, postgres_state
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -117,6 +118,11 @@ def durability(cur: Any) -> str | None:
     return f"PostgreSQL runs with {', '.join(weak)}" if weak else None
 
 
+def replication(cur: Any) -> ReplicationState:
+    cur.execute(POSTGRES_QUERY)
+    return postgres_state(tuple(cur.fetchone()))
+
+
 def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     try:
         import psycopg
@@ -188,6 +194,7 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         ),
         returning=True,
         durability=durability,
+        replication=replication,
         # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
         # statement gets a little more, so that a lock wait is reported as one; a session
         # idle inside a transaction for twice that (its process is paused) is ended, so its row

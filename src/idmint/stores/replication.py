@@ -1,0 +1,141 @@
+"""What a store's replication can lose, read from the engine itself (issue 20).
+
+A replicated store (Redis with replicas, PostgreSQL with standbys, MySQL/MariaDB with
+replicas) fails over to a replica. If the replica lacks the primary's last acknowledged
+writes, a key's counter moves back and the same ranges are handed out again. So each engine
+reports here, when opened and while it runs:
+
+- its role (a primary, a replica, or a server with no replication at all);
+- the primary's *lineage*: an id that changes when another server becomes the primary
+  (Redis `master_replid`, PostgreSQL's system identifier and timeline, MySQL's
+  `server_uuid`). A store identity (`StoreIdentity`) does not: it is data, and replicas
+  copy it;
+- how many replicas are connected, and how many each write waits for before it is
+  acknowledged (PostgreSQL synchronous standbys, MySQL semi-synchronous replicas; Redis
+  WAIT, which idmint sends itself).
+
+`risk` says in one line why an acknowledged write may be missing from a promoted replica,
+or is None when none can be (no replicas, or every write waits for them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+PRIMARY, REPLICA, STANDALONE = "primary", "replica", "standalone"
+
+
+@dataclass(frozen=True)
+class ReplicationState:
+    role: str  # PRIMARY (replicas attached), REPLICA (read-only), STANDALONE (none)
+    lineage: str | None  # changes when another server becomes the primary
+    replicas: int  # connected now
+    waits_for: int  # replicas each acknowledged write has reached
+    detail: str  # the engine's own words: settings and figures an operator can check
+
+    @property
+    def risk(self) -> str | None:
+        """Why a failover can lose an acknowledged write, or None."""
+        if self.role == REPLICA:
+            return "it is a replica: it takes no writes"
+        if self.replicas > self.waits_for:
+            return (
+                f"{self.replicas} replica(s) connected and writes wait for {self.waits_for}: "
+                "a failover to one that lags loses acknowledged writes"
+            )
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "risk": self.risk}
+
+    def describe(self) -> str:
+        """One line for `idmint init`, logs and messages."""
+        words = f"{self.role}, {self.replicas} replica(s), writes wait for {self.waits_for}"
+        return f"{words} ({self.detail})" if self.detail else words
+
+
+def parse_redis_info(text: str) -> dict[str, str]:
+    """The fields of an INFO section ("key:value" lines)."""
+    fields = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not name.startswith("#"):
+            fields[name.strip()] = value.strip()
+    return fields
+
+
+def redis_state(info: dict[str, str], *, waits: bool) -> ReplicationState:
+    """A Redis server's replication from its INFO replication fields. `waits`: whether idmint
+    sends WAIT for every connected replica after each write (then they are waited for)."""
+    role = info.get("role", "master")
+    replicas = int(info.get("connected_slaves", "0") or 0)
+    lineage = info.get("master_replid")
+    if role != "master":
+        link = info.get("master_link_status", "?")
+        detail = f"replica of {info.get('master_host', '?')}:{info.get('master_port', '?')}"
+        return ReplicationState(REPLICA, lineage, 0, 0, f"{detail}, link {link}")
+    offsets = [
+        value
+        for name, value in info.items()
+        if name.startswith("slave") and name[5:].isdigit() and "offset=" in value
+    ]
+    detail = f"master_repl_offset {info.get('master_repl_offset', '?')}"
+    if offsets:
+        detail += "; " + "; ".join(offsets)
+    return ReplicationState(
+        PRIMARY if replicas else STANDALONE,
+        lineage,
+        replicas,
+        replicas if waits else 0,
+        detail,
+    )
+
+
+#: One round trip: role, timeline, the commit settings and the standbys as the primary sees
+#: them (pg_stat_replication lists every connected standby; sync_state says which a commit
+#: waits for).
+POSTGRES_QUERY = """
+SELECT pg_is_in_recovery(),
+       CASE WHEN pg_is_in_recovery() THEN NULL
+            ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END,
+       current_setting('synchronous_commit'),
+       current_setting('synchronous_standby_names'),
+       (SELECT count(*) FROM pg_stat_replication),
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'),
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'quorum'),
+       (SELECT string_agg(coalesce(application_name, '?') || ' ' || coalesce(state, '?') || ' '
+                          || coalesce(sync_state, '?')
+                          || coalesce(' replay_lag ' || replay_lag::text, ''), '; ')
+          FROM pg_stat_replication)
+"""
+
+_WAITING_COMMITS = ("on", "remote_apply", "remote_write")
+
+
+def postgres_state(row: tuple[Any, ...]) -> ReplicationState:
+    """A PostgreSQL server's replication from POSTGRES_QUERY's row."""
+    in_recovery, timeline, commit, names, standbys, sync, quorum, listed = row
+    if in_recovery:
+        return ReplicationState(REPLICA, None, 0, 0, "in recovery (a standby)")
+    waits = 0
+    if commit in _WAITING_COMMITS and names:
+        waits = int(sync) + min(int(quorum), _quorum_count(str(names)))
+    detail = f"timeline {int(timeline, 16)}, synchronous_commit={commit}"
+    detail += f", synchronous_standby_names={names!r}" if names else ""
+    detail += f"; {listed}" if listed else ""
+    return ReplicationState(
+        PRIMARY if standbys else STANDALONE,
+        f"timeline {int(timeline, 16)}",
+        int(standbys),
+        waits,
+        detail,
+    )
+
+
+def _quorum_count(names: str) -> int:
+    """N of `ANY N (...)` in synchronous_standby_names (0 for any other form)."""
+    words = names.strip().split(None, 2)
+    if len(words) >= 2 and words[0].upper() == "ANY" and words[1].isdigit():
+        return int(words[1])
+    return 0

@@ -1,0 +1,107 @@
+"""Replicated stores on loopback, with the engines' own replication: a PostgreSQL primary and a
+streaming standby (pg_basebackup -R), a Redis primary and a replica.
+
+The standby and the replica are servers of their own (own data directory, port and process),
+so a test can cut the replication link (iptables on the port), kill -9 the primary and promote
+the standby, as an operator or Patroni/Sentinel would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+
+from server_redis import RedisServer
+from servers import LOOPBACK, PostgresServer, wait_until
+
+
+class PostgresStandby(PostgresServer):
+    """A streaming standby of `primary`, made by pg_basebackup -R (so it starts in recovery,
+    following the primary). `promote()` makes it a primary on a new timeline."""
+
+    kind = "PostgreSQL standby"
+
+    def __init__(self, primary: PostgresServer, **kwargs: object) -> None:
+        self.primary = primary
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+
+    def _initialize(self) -> None:
+        self._run_logged(
+            [
+                str(self.bindir / "pg_basebackup"),
+                "-D",
+                str(self.data_dir),
+                "-d",
+                # application_name lands in primary_conninfo: the name the primary's
+                # synchronous_standby_names and pg_stat_replication know it by
+                f"host={LOOPBACK} port={self.primary.port} user=postgres application_name=standby",
+                "-R",  # standby.signal and primary_conninfo: it follows the primary
+                "-X",
+                "stream",
+                "--no-sync",
+            ],
+            "pg_basebackup",
+        )
+
+    def promote(self) -> None:
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SELECT pg_promote(true, 30)")
+
+    def in_recovery(self) -> bool:
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        return bool(row and row[0])
+
+
+@contextlib.contextmanager
+def postgres_pair(*, synchronous: bool) -> Iterator[tuple[PostgresServer, PostgresStandby]]:
+    """A primary and its streaming standby, running; with `synchronous`, every commit waits
+    for the standby (synchronous_standby_names names it)."""
+    settings = {"wal_level": "replica", "max_wal_senders": "5"}
+    if synchronous:
+        settings["synchronous_standby_names"] = "standby"
+    primary = PostgresServer(extra_settings=settings)
+    standby: PostgresStandby | None = None
+    try:
+        primary.start()
+        standby = PostgresStandby(primary, extra_settings={"hot_standby": "on"})
+        standby.start()
+        wait_until(lambda: _streaming(primary), 30, "the standby to stream")
+        yield primary, standby
+    finally:
+        if standby is not None:
+            standby.close()
+        primary.close()
+
+
+def _streaming(primary: PostgresServer) -> bool:
+    with psycopg.connect(primary.url(), autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+@contextlib.contextmanager
+def redis_pair() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A Redis primary (appendfsync always) and a replica of it, the link up."""
+    primary = RedisServer()
+    replica: RedisServer | None = None
+    try:
+        primary.start()
+        replica = RedisServer(replica_of=(primary.host, primary.port))
+        replica.start()
+        link = replica.client()
+        wait_until(
+            lambda: link.info("replication").get("master_link_status") == "up",
+            30,
+            "the replica to sync",
+        )
+        link.close()
+        yield primary, replica
+    finally:
+        if replica is not None:
+            replica.close()
+        primary.close()
