@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
+import idmint
 from idmint import StoreUnavailable
 from idmint.stores import open_engine
 from idmint.stores.replication import PRIMARY, STANDALONE
 
-from replicated import postgres_pair
+from replicated import postgres_pair, redis_pair
 
 
 def _replication(url: str) -> Any:
@@ -44,3 +45,34 @@ def test_a_synchronous_standby_is_waited_for() -> None:
         state = _replication(primary.url())
         assert (state.role, state.replicas, state.waits_for, state.risk) == (PRIMARY, 1, 1, None)
         assert "synchronous_standby_names='standby'" in state.detail
+
+
+def test_redis_writes_wait_for_the_replica_and_one_it_did_not_confirm_is_not_used() -> None:
+    """On main a range write was acknowledged once the primary had it: a failover to a
+    replica that lacked it handed the range out again. Now each write waits (WAIT) for every
+    replica the primary has had; with the replica frozen (its link open, silent), the write
+    is reported unavailable and its range never used: the next one starts above it."""
+    with redis_pair() as (primary, replica):
+        url = primary.store_url("wait")
+        engine = open_engine(url, timeout=2)
+        try:
+            state = engine.cas().replication()  # type: ignore[attr-defined]
+            assert (state.role, state.replicas, state.waits_for, state.risk) == (
+                PRIMARY,
+                1,
+                1,
+                None,
+            )
+        finally:
+            engine.close()
+        with idmint.connect(url, timeout=2) as minter:
+            minter.add_key("k", step=10)
+            first = minter.ranges.allocate("k").range
+            replica.pause()
+            try:
+                with pytest.raises(StoreUnavailable, match=r"reached 0 of 1 replica"):
+                    minter.ranges.allocate("k")
+            finally:
+                replica.resume()
+            after = minter.ranges.allocate("k").range
+            assert after.start >= first.stop + 10, (first, after)  # the unconfirmed one: skipped

@@ -29,6 +29,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -49,6 +50,7 @@ from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .cas_ranges import CasRangeStore
 from .engine import Engine
 from .redis_quorum import RedisQuorumNode
+from .replication import REPLICA, ReplicationState, redis_state
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -374,6 +376,9 @@ return found
 """
 
 _log = logging.getLogger(__name__)
+
+#: Seconds between reads of a primary's replicas (INFO replication) by a writing process.
+REPLICAS_REFRESH = 5.0
 _warned: set[str] = set()  # the stores whose weak persistence was logged: once per process
 _warned_lock = threading.Lock()
 
@@ -437,6 +442,11 @@ class RedisCasStore:
         self._swap = client.register_script(_SWAP)
         self._scan = client.register_script(_SCAN)
         self._checked = False  # the server's persistence settings were looked at
+        #: Replicas every write waits for (WAIT): the most this process has seen connected to
+        #: the primary, so a replica that drops off (a cut link) is still waited for, and its
+        #: writes fail rather than go unreplicated; read again every REPLICAS_REFRESH seconds.
+        self._replicas = 0
+        self._replicas_read_at: float | None = None
 
     def _cell(self, key: str) -> str:
         return f"{self._prefix}:c:{key}"
@@ -519,21 +529,77 @@ class RedisCasStore:
         )
         return None if value is None or version is None else (str(value), int(version))
 
+    def replication(self) -> ReplicationState:
+        """The server's replication as it is now (INFO replication); every connected replica
+        is waited for after each write."""
+        info = self._call(lambda: self._client.info("replication"), idempotent=True)
+        return redis_state({k: str(v) for k, v in info.items()}, waits=True)
+
+    def _replicas_to_wait(self) -> int:
+        """How many replicas a write must reach before it counts (see __init__)."""
+        now = time.monotonic()
+        if self._replicas_read_at is None or now - self._replicas_read_at >= REPLICAS_REFRESH:
+            try:
+                state = self.replication()
+            except StoreUnavailable as exc:
+                if "NOPERM" not in str(exc) and "unknown command" not in str(exc):
+                    raise
+                state = None  # INFO refused (ACLs, a managed Redis): taken on trust
+            if state is not None and state.role == REPLICA:
+                raise StoreUnavailable(
+                    f"store {self.display_url} is a replica ({state.detail}): it takes no "
+                    "writes; give the primary's address (or wait for the failover to finish)"
+                )
+            seen = 0 if state is None else state.replicas
+            if seen < self._replicas:
+                _log.warning(
+                    "store %s: %d replica(s) connected, %d before: writes keep waiting for %d "
+                    "and fail until they are back (restart this process once a replica is "
+                    "removed for good)",
+                    self.display_url,
+                    seen,
+                    self._replicas,
+                    self._replicas,
+                )
+            self._replicas = max(self._replicas, seen)
+            self._replicas_read_at = now
+        return self._replicas
+
+    def _write(self, script: Any, keys: list[str], args: list[str]) -> Any:
+        """Run a writing script; on a primary with replicas, WAIT for them on the same
+        connection. A write they did not all confirm in time raises StoreUnavailable: it
+        applied here, and a failover to a replica without it would undo it, so the caller
+        treats its outcome as unknown and serves nothing from it."""
+        need = self._replicas_to_wait()
+        if not need:
+            return self._call(lambda: script(keys=keys, args=args), idempotent=False)
+        wait_ms = max(1, int(self._timeout * 500))  # half the store timeout: the socket's is whole
+
+        def write_and_wait() -> list[Any]:
+            pipe: Any = self._client.pipeline(transaction=False)
+            script(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", need, wait_ms)
+            return list(pipe.execute())
+
+        result, acks = self._call(write_and_wait, idempotent=False)
+        if int(acks) < need:
+            self._replicas_read_at = None  # look again before the next write
+            raise StoreUnavailable(
+                f"store {self.display_url}: a write reached {acks} of {need} replica(s) within "
+                f"{wait_ms} ms; not used (a failover could undo it)"
+            )
+        return result
+
     def create(self, key: str, value: str) -> bool:
         self._check_persistence()
         keys = [self._cell(key), self._index]
-        made = self._call(lambda: self._create(keys=keys, args=[key, value]), idempotent=False)
-        return bool(made)
+        return bool(self._write(self._create, keys, [key, value]))
 
     def swap(self, key: str, version: int, value: str) -> bool:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             return False  # versions start at 1: nothing has this one
         self._check_persistence()
-        keys = [self._cell(key)]
-        swapped = self._call(
-            lambda: self._swap(keys=keys, args=[str(version), value]), idempotent=False
-        )
-        return bool(swapped)
+        return bool(self._write(self._swap, [self._cell(key)], [str(version), value]))
 
     def scan(self, prefix: str) -> list[tuple[str, str]]:
         # Index entries compare by bytes; no UTF-8 text holds the byte 0xFF, so [prefix up to
