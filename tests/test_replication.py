@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import idmint
-from idmint import StoreUnavailable
+from idmint import InvalidArgument, StoreUnavailable
 from idmint.stores import open_engine
 from idmint.stores.replication import PRIMARY, STANDALONE
 
@@ -24,11 +24,14 @@ def _replication(url: str) -> Any:
 
 
 def test_postgres_replication_is_read_on_the_primary_and_the_standby() -> None:
-    """An asynchronous standby is a risk the primary reports; a standby is refused as a store
-    (it takes no writes: on main the first write failed with psycopg's ReadOnlySqlTransaction);
-    a promoted standby is a primary on a new timeline (its lineage changed)."""
+    """An asynchronous standby is a risk the primary reports, refused unless the URL accepts
+    it (on main nothing warned, and a failover repeated 179,995 ids); a standby is refused as
+    a store (it takes no writes: on main the first write failed with psycopg's
+    ReadOnlySqlTransaction); a promoted standby is a primary on a new timeline."""
     with postgres_pair(synchronous=False) as (primary, standby):
-        on_primary = _replication(primary.url())
+        with pytest.raises(InvalidArgument, match=r"writes wait for 0.*\?unsafe_replication=1"):
+            _replication(primary.url())  # refused: the standby is not waited for
+        on_primary = _replication(primary.url() + "?unsafe_replication=1")
         assert on_primary.role == PRIMARY and on_primary.replicas == 1
         assert on_primary.waits_for == 0 and "wait for 0" in on_primary.risk
         assert on_primary.lineage == "timeline 1"

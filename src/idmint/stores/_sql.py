@@ -9,6 +9,7 @@ from a pool, and one connection keeps the number of server sessions predictable.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from .._errors import IdmintError, KeyExists, KeyNotFound, StoreUnavailable
+from .._errors import IdmintError, InvalidArgument, KeyExists, KeyNotFound, StoreUnavailable
 from .._fork import ForkAware, orphan
 from ..ids import (
     ID_MAX,
@@ -30,7 +31,11 @@ from ..ids import (
     stripe_row,
 )
 from .base import StoreIdentity
-from .replication import REPLICA, ReplicationState
+from .replication import REPLICA, UNSAFE_REPLICATION, ReplicationState
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # stores already warned about (once a process)
+_warned_lock = threading.Lock()
 
 T = TypeVar("T")
 
@@ -130,6 +135,8 @@ class Dialect:
     replication: Callable[[Any], ReplicationState | None] = field(
         default=lambda cur: None, repr=False
     )
+    #: Accept a primary whose writes do not wait for every replica (the URL says so).
+    unsafe_replication: bool = False
     #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
     #: the URL: not in the repr, which a debugger or an error tracker may show.
     scrub: Callable[[str], str] = field(default=str, repr=False)
@@ -199,14 +206,32 @@ class SqlConnection(ForkAware):
         return self._conn.cursor()
 
     def _check_primary(self, cur: Any) -> None:
-        """Refuse a server that takes no writes (a standby, a read-only replica): while a
-        failover moves the URL's address, a connection can land on one."""
+        """On every new connection: refuse a server that takes no writes (a standby, a
+        read-only replica: while a failover moves the URL's address, a connection can land on
+        one), and a primary with replicas its commits do not wait for, unless the URL accepts
+        that (a failover to one of them can undo acknowledged ranges: ids would repeat)."""
         state = self._dialect.replication(cur)
-        if state is not None and state.role == REPLICA:
+        if state is None:
+            return
+        if state.role == REPLICA:
             raise StoreUnavailable(
                 f"store {self.display_url} is a replica ({state.detail}): it takes no writes; "
                 "give the primary's address (or wait for the failover to finish)"
             )
+        if state.risk is None:
+            return
+        if not self._dialect.unsafe_replication:
+            raise InvalidArgument(
+                f"store {self.display_url}: {state.risk} ({state.detail}). Make every commit "
+                "wait for the standbys (synchronous_standby_names naming them, "
+                "synchronous_commit on: docs/stores.md), or accept the risk with "
+                f"?{UNSAFE_REPLICATION}=1 in the store URL"
+            )
+        with _warned_lock:
+            if self.display_url in _warned:
+                return
+            _warned.add(self.display_url)
+        log.warning("store %s: %s; running unsafe as the URL says", self.display_url, state.risk)
 
     @staticmethod
     def _add_columns(cur: Any) -> None:

@@ -133,3 +133,16 @@ def scrub(text: str, url: str) -> str:
         return text
     except Exception:
         return REDACTED
+
+
+def take_parameter(url: str, name: str) -> tuple[str, str | None]:
+    """`url` without its query parameter `name`, and that parameter's value (None if absent):
+    for idmint's own settings in a URL whose driver refuses parameters it does not know
+    (libpq)."""
+    found = re.search(rf"([?&]){re.escape(name)}=([^&#]*)", url)
+    if found is None:
+        return url, None
+    head, tail = url[: found.start()], url[found.end() :]
+    if found.group(1) == "?" and tail.startswith("&"):
+        tail = "?" + tail[1:]  # it was the first parameter: the next one opens the query
+    return head + tail, unquote(found.group(2))

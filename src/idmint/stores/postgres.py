@@ -23,8 +23,8 @@ from ..ids import is_digits
 from ._deadline import WATCHDOG
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
-from ._urls import scrub
-from .replication import POSTGRES_QUERY, ReplicationState, postgres_state
+from ._urls import scrub, take_parameter
+from .replication import POSTGRES_QUERY, UNSAFE_REPLICATION, ReplicationState, postgres_state
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -132,6 +132,11 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         ) from exc
 
     url = url.replace("postgres://", "postgresql://", 1)
+    url, unsafe = take_parameter(url, UNSAFE_REPLICATION)
+    if unsafe not in (None, "0", "1"):
+        raise InvalidArgument(
+            f"bad PostgreSQL URL {display_url!r}: {UNSAFE_REPLICATION} must be 1 or 0"
+        )
     try:
         given = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
@@ -195,6 +200,7 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         returning=True,
         durability=durability,
         replication=replication,
+        unsafe_replication=unsafe == "1",
         # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
         # statement gets a little more, so that a lock wait is reported as one; a session
         # idle inside a transaction for twice that (its process is paused) is ended, so its row

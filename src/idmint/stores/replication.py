@@ -25,6 +25,9 @@ from typing import Any
 
 PRIMARY, REPLICA, STANDALONE = "primary", "replica", "standalone"
 
+#: The store URL parameter that accepts replicas a write does not wait for (=1).
+UNSAFE_REPLICATION = "unsafe_replication"
+
 
 @dataclass(frozen=True)
 class ReplicationState:
