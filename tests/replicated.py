@@ -49,6 +49,15 @@ class PostgresStandby(PostgresServer):
         with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
             conn.execute("SELECT pg_promote(true, 30)")
 
+    def detach(self) -> None:
+        """Cut the replication link the engine's own way: the standby forgets its primary
+        (primary_conninfo, reloaded), so nothing the primary writes from now on reaches it.
+        Unlike SIGSTOP, which leaves what was sent in its socket to replay on resume."""
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+            conn.execute("SELECT pg_reload_conf()")
+        wait_until(lambda: not _streaming(self.primary), 30, "the standby to let go")
+
     def in_recovery(self) -> bool:
         with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
             row = conn.execute("SELECT pg_is_in_recovery()").fetchone()

@@ -34,6 +34,16 @@ from .base import StoreIdentity
 from .replication import REPLICA, UNSAFE_REPLICATION, ReplicationState
 
 log = logging.getLogger(__name__)
+
+#: The idmint_meta row holding the lineage of the primary the store last ran on.
+LINEAGE = "lineage"
+#: Ids every key (each stripe) skips when a failover is detected: more than the ranges a
+#: replica can lack (with writes that wait for the replicas, none; else the allocations of
+#: the replication lag). See docs/stores.md.
+FAILOVER_GAP = 1_000_000
+#: Milliseconds every snowflake worker id stays unleased after a failover, past its last
+#: known expiry: the old holder may have renewed on the old primary (at most a ttl ahead).
+LEASE_QUARANTINE_MS = 60_000
 _warned: set[str] = set()  # stores already warned about (once a process)
 _warned_lock = threading.Lock()
 
@@ -65,6 +75,8 @@ ADDED_COLUMNS = (
 # worker ids reserved for static holders. Plain types every engine reads the same way.
 META_TABLE = "idmint_meta"
 RESERVED_TABLE = "idmint_reserved_workers"
+# Snowflake worker leases (made by the dialects that keep them: see _sql_leases.py).
+WORKERS_TABLE = "idmint_workers"
 COMMON_SCHEMA = (
     f"""CREATE TABLE IF NOT EXISTS {META_TABLE} (
     name       VARCHAR(64)  NOT NULL PRIMARY KEY,
@@ -191,7 +203,7 @@ class SqlConnection(ForkAware):
                 cur = conn.cursor()
                 for statement in self._dialect.on_connect:
                     cur.execute(statement)
-                self._check_primary(cur)
+                replication = self._check_primary(cur)
                 # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another process
                 # creating the same table; the table is there, which is the goal.
                 for statement in (*self._dialect.schema, *COMMON_SCHEMA):
@@ -199,27 +211,29 @@ class SqlConnection(ForkAware):
                         cur.execute(statement)
                 self._add_columns(cur)
                 self._identity = self._read_identity(cur)
+                if replication is not None and replication.lineage is not None:
+                    self._check_lineage(cur, replication.lineage)
             except BaseException:
                 conn.close()
                 raise
             self._conn = conn
         return self._conn.cursor()
 
-    def _check_primary(self, cur: Any) -> None:
+    def _check_primary(self, cur: Any) -> ReplicationState | None:
         """On every new connection: refuse a server that takes no writes (a standby, a
         read-only replica: while a failover moves the URL's address, a connection can land on
         one), and a primary with replicas its commits do not wait for, unless the URL accepts
         that (a failover to one of them can undo acknowledged ranges: ids would repeat)."""
         state = self._dialect.replication(cur)
         if state is None:
-            return
+            return None
         if state.role == REPLICA:
             raise StoreUnavailable(
                 f"store {self.display_url} is a replica ({state.detail}): it takes no writes; "
                 "give the primary's address (or wait for the failover to finish)"
             )
         if state.risk is None:
-            return
+            return state
         if not self._dialect.unsafe_replication:
             raise InvalidArgument(
                 f"store {self.display_url}: {state.risk} ({state.detail}). Make every commit "
@@ -229,9 +243,76 @@ class SqlConnection(ForkAware):
             )
         with _warned_lock:
             if self.display_url in _warned:
-                return
+                return state
             _warned.add(self.display_url)
         log.warning("store %s: %s; running unsafe as the URL says", self.display_url, state.risk)
+        return state
+
+    def _check_lineage(self, cur: Any, lineage: str) -> None:
+        """On every new connection, before anything is served through it: compare the
+        primary's lineage with the one the store recorded. Another lineage means a failover
+        (a replica promoted): the first connection to see it fences the store (see _fence)."""
+        p = self._dialect.param
+        select = f"SELECT value FROM {META_TABLE} WHERE name = {p}"
+        for _ in range(3):  # another process may fence at the same time
+            cur.execute(select, (LINEAGE,))
+            row = cur.fetchone()
+            if row is None:
+                with contextlib.suppress(*self._dialect.duplicate):
+                    cur.execute(
+                        f"INSERT INTO {META_TABLE} (name, value, created_ms) "
+                        f"VALUES ({p}, {p}, {self._dialect.now_ms})",
+                        (LINEAGE, lineage),
+                    )
+                continue
+            recorded = str(row[0])
+            if recorded == lineage or self._fence(cur, recorded, lineage):
+                return
+        raise StoreUnavailable(f"store {self.display_url}: its lineage kept changing")
+
+    def _fence(self, cur: Any, recorded: str, lineage: str) -> bool:
+        """After a failover, in one transaction with recording the new lineage: every key and
+        stripe moves up FAILOVER_GAP ids (never past one above its maximum: a bounded key may
+        end spent), and every snowflake worker id is quarantined LEASE_QUARANTINE_MS. The
+        promoted replica may lack the old primary's last ranges and lease renewals; ids
+        handed out from them must not come again. False if another process fenced first."""
+        p = self._dialect.param
+        cur.execute(self._dialect.begin)
+        try:
+            cur.execute(
+                f"UPDATE {META_TABLE} SET value = {p} WHERE name = {p} AND value = {p}",
+                (lineage, LINEAGE, recorded),
+            )
+            if cur.rowcount != 1:
+                cur.execute("ROLLBACK")
+                return False
+            least = "LEAST" if self._dialect.greatest == "GREATEST" else "MIN"
+            for table in (TABLE, STRIPES_TABLE):
+                cur.execute(
+                    f"UPDATE {table} SET max_id = {least}(max_id + {p} * stripes, last_id + 1)",
+                    (FAILOVER_GAP,),
+                )
+            cur.execute(
+                f"UPDATE {WORKERS_TABLE} SET horizon_ms = {self._dialect.greatest}"
+                f"(horizon_ms, expires_ms, {self._dialect.now_ms}) + {p}",
+                (LEASE_QUARANTINE_MS,),
+            )
+            cur.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK")
+            raise
+        log.error(
+            "store %s: FAILOVER: the primary's lineage is %s, the store recorded %s: another "
+            "server became the primary, and may lack the last ranges and leases. Fenced: every "
+            "key moved up %d ids, every worker id quarantined %d s",
+            self.display_url,
+            lineage,
+            recorded,
+            FAILOVER_GAP,
+            LEASE_QUARANTINE_MS // 1000,
+        )
+        return True
 
     @staticmethod
     def _add_columns(cur: Any) -> None:

@@ -118,12 +118,12 @@ _WAITING_COMMITS = ("on", "remote_apply", "remote_write")
 
 def postgres_state(row: tuple[Any, ...]) -> ReplicationState:
     """A PostgreSQL server's replication from POSTGRES_QUERY's row."""
-    in_recovery, timeline, commit, names, standbys, sync, quorum, listed = row
+    in_recovery, timeline, commit, names, standbys, _, _, listed = row
     if in_recovery:
         return ReplicationState(REPLICA, None, 0, 0, "in recovery (a standby)")
-    waits = 0
-    if commit in _WAITING_COMMITS and names:
-        waits = int(sync) + min(int(quorum), _quorum_count(str(names)))
+    # A commit waits until as many standbys as the setting requires have it (it blocks while
+    # fewer are connected and caught up), whichever they are now: those it requires.
+    waits = _required(str(names)) if commit in _WAITING_COMMITS and names else 0
     detail = f"timeline {int(timeline, 16)}, synchronous_commit={commit}"
     detail += f", synchronous_standby_names={names!r}" if names else ""
     detail += f"; {listed}" if listed else ""
@@ -136,9 +136,12 @@ def postgres_state(row: tuple[Any, ...]) -> ReplicationState:
     )
 
 
-def _quorum_count(names: str) -> int:
-    """N of `ANY N (...)` in synchronous_standby_names (0 for any other form)."""
-    words = names.strip().split(None, 2)
-    if len(words) >= 2 and words[0].upper() == "ANY" and words[1].isdigit():
+def _required(names: str) -> int:
+    """How many standbys synchronous_standby_names makes a commit wait for: N of
+    `ANY N (...)`, `FIRST N (...)` or `N (...)`; 1 for a plain list (FIRST 1)."""
+    words = names.replace("(", " (").split()
+    if len(words) >= 2 and words[0].upper() in ("ANY", "FIRST") and words[1].isdigit():
         return int(words[1])
-    return 0
+    if words and words[0].isdigit():
+        return int(words[0])
+    return 1
