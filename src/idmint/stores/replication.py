@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..ids import is_digits
+
 PRIMARY, REPLICA, STANDALONE = "primary", "replica", "standalone"
 
 #: The store URL parameter that accepts replicas a write does not wait for (=1).
@@ -81,7 +83,7 @@ def redis_state(info: dict[str, str], *, waits: bool) -> ReplicationState:
     offsets = [
         value
         for name, value in info.items()
-        if name.startswith("slave") and name[5:].isdigit() and "offset=" in value
+        if name.startswith("slave") and is_digits(name[5:]) and "offset=" in value
     ]
     detail = f"master_repl_offset {info.get('master_repl_offset', '?')}"
     if offsets:
@@ -140,8 +142,8 @@ def _required(names: str) -> int:
     """How many standbys synchronous_standby_names makes a commit wait for: N of
     `ANY N (...)`, `FIRST N (...)` or `N (...)`; 1 for a plain list (FIRST 1)."""
     words = names.replace("(", " (").split()
-    if len(words) >= 2 and words[0].upper() in ("ANY", "FIRST") and words[1].isdigit():
+    if len(words) >= 2 and words[0].upper() in ("ANY", "FIRST") and is_digits(words[1]):
         return int(words[1])
-    if words and words[0].isdigit():
+    if words and is_digits(words[0]):
         return int(words[0])
     return 1
