@@ -252,20 +252,8 @@ class SqlConnection(ForkAware):
         """On every new connection, before anything is served through it: compare the
         primary's lineage with the one the store recorded. Another lineage means a failover
         (a replica promoted): the first connection to see it fences the store (see _fence)."""
-        p = self._dialect.param
-        select = f"SELECT value FROM {META_TABLE} WHERE name = {p}"
         for _ in range(3):  # another process may fence at the same time
-            cur.execute(select, (LINEAGE,))
-            row = cur.fetchone()
-            if row is None:
-                with contextlib.suppress(*self._dialect.duplicate):
-                    cur.execute(
-                        f"INSERT INTO {META_TABLE} (name, value, created_ms) "
-                        f"VALUES ({p}, {p}, {self._dialect.now_ms})",
-                        (LINEAGE, lineage),
-                    )
-                continue
-            recorded = str(row[0])
+            recorded, _ = self._meta_row(cur, LINEAGE, lineage)
             if recorded == lineage or self._fence(cur, recorded, lineage):
                 return
         raise StoreUnavailable(f"store {self.display_url}: its lineage kept changing")
@@ -337,20 +325,26 @@ class SqlConnection(ForkAware):
     def _read_identity(self, cur: Any) -> StoreIdentity:
         """The store's identity, made by the first connection ever (the others lose the race
         to insert it, and read the winner's)."""
+        value, created_ms = self._meta_row(cur, "store", uuid.uuid4().hex)
+        return StoreIdentity(value, created_ms)
+
+    def _meta_row(self, cur: Any, name: str, first: str) -> tuple[str, int]:
+        """(value, created_ms) of idmint_meta row `name`, made with `first` if there is none
+        (of processes racing to make it, one insert wins and every one reads the winner's)."""
         p = self._dialect.param
         select = f"SELECT value, created_ms FROM {META_TABLE} WHERE name = {p}"
-        cur.execute(select, ("store",))
+        cur.execute(select, (name,))
         row = cur.fetchone()
         if row is None:
             with contextlib.suppress(*self._dialect.duplicate):
                 cur.execute(
                     f"INSERT INTO {META_TABLE} (name, value, created_ms) "
                     f"VALUES ({p}, {p}, {self._dialect.now_ms})",
-                    ("store", uuid.uuid4().hex),
+                    (name, first),
                 )
-            cur.execute(select, ("store",))
+            cur.execute(select, (name,))
             row = cur.fetchone()
-        return StoreIdentity(str(row[0]), int(row[1]))
+        return str(row[0]), int(row[1])
 
     def replication(self) -> ReplicationState | None:
         """The server's replication as it is now (see stores/replication.py)."""
