@@ -4,6 +4,7 @@ set up with the engines' own tools on loopback (tests/replicated.py)."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -11,7 +12,7 @@ import pytest
 
 import idmint
 from idmint import InvalidArgument, StoreUnavailable
-from idmint.stores import _sql, open_engine
+from idmint.stores import open_engine
 from idmint.stores.replication import PRIMARY, STANDALONE
 
 from replicated import PostgresStandby, postgres_pair, redis_pair
@@ -85,7 +86,7 @@ def test_redis_writes_wait_for_the_replica_and_one_it_did_not_confirm_is_not_use
 
 
 def test_a_postgres_failover_is_fenced_before_a_range_is_served(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The worst case the opt-in allows: an asynchronous standby cut off while the primary
     hands out a range, the primary killed -9, the standby promoted without that range. On
@@ -93,14 +94,13 @@ def test_a_postgres_failover_is_fenced_before_a_range_is_served(
     run). Now the first connection to the new primary sees another lineage (timeline 2) and
     moves every key past the lost ranges before anything is served; with the gap set to 0 (a
     deliberately unsafe setting) the same run repeats the range, and the check catches it."""
-    for gap, repeats in ((0, True), (_sql.FAILOVER_GAP, False)):
-        monkeypatch.setattr(_sql, "FAILOVER_GAP", gap)
+    for gap, repeats in ((0, True), (None, False)):
         with postgres_pair(synchronous=False) as (primary, standby):
             hosts = f"127.0.0.1:{primary.port},127.0.0.1:{standby.port}"
             url = (
                 f"postgresql://postgres@{hosts}/postgres"
                 "?target_session_attrs=read-write&unsafe_replication=1"
-            )
+            ) + ("" if gap is None else f"&failover_gap={gap}")
             with idmint.connect(url, timeout=3) as minter:
                 minter.add_key("k", step=10)
                 before = minter.ranges.allocate("k").range
@@ -124,3 +124,53 @@ def _replayed(standby: PostgresStandby) -> bool:
     with psycopg.connect(standby.url(), autocommit=True, connect_timeout=5) as conn:
         row = conn.execute("SELECT count(*) FROM idmint_keys WHERE max_id > first_id").fetchone()
     return bool(row and row[0])
+
+
+def _lease(url: str) -> Any:
+    """A snowflake worker lease taken on `url`'s store (worker ids 0 and 1, ttl 10 s)."""
+    engine = open_engine(url, timeout=2)
+    try:
+        now = int(time.time() * 1000)
+        return engine.leases().acquire("ns", workers=2, ttl=10, horizon_ms=now, now_ms=now)
+    finally:
+        engine.close()
+
+
+def test_a_redis_failover_is_fenced_before_a_range_or_a_lease_is_served(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With writes that do not wait for the replica (the opt-in), the replica cut off and
+    promoted, the primary hands out a range and a worker lease the replica never gets, and is
+    killed -9. On main the promoted replica handed the range out again. Now the first write on
+    it meets another replication id after writes made with a replica: it moves every key past
+    the lost ranges and starts the store's life again (a new snowflake holder waits a ttl)
+    before anything is written; with the gap at 0 (a deliberately unsafe setting) the range
+    repeats, and the check catches it."""
+    for gap, repeats in ((0, True), (None, False)):
+        params = "&unsafe_replication=1" + ("" if gap is None else f"&failover_gap={gap}")
+        with redis_pair() as (primary, replica):
+            url = primary.store_url("fo") + params
+            with idmint.connect(url, timeout=2) as minter:
+                minter.add_key("k", step=10)
+                before = minter.ranges.allocate("k").range
+            assert primary.client().wait(1, 5000) == 1  # the replica has the first range
+            replica.client().replicaof("NO", "ONE")  # the cut: promoted, it takes no more
+            wait_until(
+                lambda: primary.client().info("replication")["connected_slaves"] == 0,
+                10,
+                "the replica to leave",
+            )
+            with idmint.connect(url, timeout=2) as minter:
+                lost = minter.ranges.allocate("k").range
+            _lease(url)
+            primary.kill()
+            killed_ms = time.time() * 1000
+            moved = replica.store_url("fo") + params
+            with caplog.at_level(logging.ERROR), idmint.connect(moved, timeout=2) as minter:
+                after = minter.ranges.allocate("k").range
+            newcomer = _lease(moved)
+        assert before.stop <= lost.start
+        assert (after.start < lost.stop) == repeats, (gap, before, lost, after)
+        assert "FAILOVER" in caplog.text  # detected whatever the gap
+        assert newcomer.store_created_ms >= killed_ms  # a new life: the holder waits a ttl
+        caplog.clear()

@@ -442,7 +442,8 @@ class App:
     def _check_identity(self) -> None:
         """Read the store's identity, and say so loudly if it changed."""
         identity = self.minter.identity()
-        if self.identity is not None and identity is not None and identity != self.identity:
+        # Compared by id: a fenced failover moves created_ms (a new life), not the identity.
+        if self.identity is not None and identity is not None and identity.id != self.identity.id:
             log.error(
                 "the store's identity changed from %s to %s: it lost its data (wiped, or a "
                 "new store behind the same URL); generators refuse ranges below ids they took",

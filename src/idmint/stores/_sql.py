@@ -31,19 +31,18 @@ from ..ids import (
     stripe_row,
 )
 from .base import StoreIdentity
-from .replication import REPLICA, UNSAFE_REPLICATION, ReplicationState
+from .replication import (
+    FAILOVER_GAP,
+    REPLICA,
+    UNSAFE_REPLICATION,
+    ReplicationState,
+    note_failover,
+)
 
 log = logging.getLogger(__name__)
 
 #: The idmint_meta row holding the lineage of the primary the store last ran on.
 LINEAGE = "lineage"
-#: Ids every key (each stripe) skips when a failover is detected: more than the ranges a
-#: replica can lack (with writes that wait for the replicas, none; else the allocations of
-#: the replication lag). See docs/stores.md.
-FAILOVER_GAP = 1_000_000
-#: Milliseconds every snowflake worker id stays unleased after a failover, past its last
-#: known expiry: the old holder may have renewed on the old primary (at most a ttl ahead).
-LEASE_QUARANTINE_MS = 60_000
 _warned: set[str] = set()  # stores already warned about (once a process)
 _warned_lock = threading.Lock()
 
@@ -149,6 +148,8 @@ class Dialect:
     )
     #: Accept a primary whose writes do not wait for every replica (the URL says so).
     unsafe_replication: bool = False
+    #: Ids every key skips when a failover is fenced (the URL's failover_gap).
+    failover_gap: int = FAILOVER_GAP
     #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
     #: the URL: not in the repr, which a debugger or an error tracker may show.
     scrub: Callable[[str], str] = field(default=str, repr=False)
@@ -210,9 +211,9 @@ class SqlConnection(ForkAware):
                     with contextlib.suppress(*self._dialect.duplicate):
                         cur.execute(statement)
                 self._add_columns(cur)
-                self._identity = self._read_identity(cur)
                 if replication is not None and replication.lineage is not None:
                     self._check_lineage(cur, replication.lineage)
+                self._identity = self._read_identity(cur)  # after a fence: its new life
             except BaseException:
                 conn.close()
                 raise
@@ -260,10 +261,11 @@ class SqlConnection(ForkAware):
 
     def _fence(self, cur: Any, recorded: str, lineage: str) -> bool:
         """After a failover, in one transaction with recording the new lineage: every key and
-        stripe moves up FAILOVER_GAP ids (never past one above its maximum: a bounded key may
-        end spent), and every snowflake worker id is quarantined LEASE_QUARANTINE_MS. The
-        promoted replica may lack the old primary's last ranges and lease renewals; ids
-        handed out from them must not come again. False if another process fenced first."""
+        stripe moves up the gap (the URL's failover_gap, FAILOVER_GAP by default; never past
+        one above its maximum: a bounded key may end spent), and the store's life starts again
+        (its identity's created_ms: snowflake holders then wait a ttl). The promoted replica
+        may lack the old primary's last ranges and lease renewals; ids handed out from them
+        must not come again. False if another process fenced first."""
         p = self._dialect.param
         cur.execute(self._dialect.begin)
         try:
@@ -277,13 +279,15 @@ class SqlConnection(ForkAware):
             least = "LEAST" if self._dialect.greatest == "GREATEST" else "MIN"
             for table in (TABLE, STRIPES_TABLE):
                 cur.execute(
-                    f"UPDATE {table} SET max_id = {least}(max_id + {p} * stripes, last_id + 1)",
-                    (FAILOVER_GAP,),
+                    f"UPDATE {table} SET max_id = {self._dialect.greatest}"
+                    f"(max_id, {least}(max_id + {p} * stripes, last_id + 1))",
+                    (self._dialect.failover_gap,),
                 )
+            # The store's life starts again: snowflake holders wait a ttl past it (the old
+            # primary may have renewed leases the new one never saw, or made new ones).
             cur.execute(
-                f"UPDATE {WORKERS_TABLE} SET horizon_ms = {self._dialect.greatest}"
-                f"(horizon_ms, expires_ms, {self._dialect.now_ms}) + {p}",
-                (LEASE_QUARANTINE_MS,),
+                f"UPDATE {META_TABLE} SET created_ms = {self._dialect.now_ms} WHERE name = {p}",
+                ("store",),
             )
             cur.execute("COMMIT")
         except BaseException:
@@ -293,13 +297,13 @@ class SqlConnection(ForkAware):
         log.error(
             "store %s: FAILOVER: the primary's lineage is %s, the store recorded %s: another "
             "server became the primary, and may lack the last ranges and leases. Fenced: every "
-            "key moved up %d ids, every worker id quarantined %d s",
+            "key moved up %d ids; snowflake holders wait a lease ttl before their first id",
             self.display_url,
             lineage,
             recorded,
-            FAILOVER_GAP,
-            LEASE_QUARANTINE_MS // 1000,
+            self._dialect.failover_gap,
         )
+        note_failover(self.display_url, recorded, lineage)
         return True
 
     @staticmethod

@@ -210,7 +210,11 @@ STORE_HEADER = "idmint-store"
 class StoreIdentity:
     """Who a store is: a UUID written with its schema (or under its prefix) the first time it
     is used, and when. A store that lost its data (wiped, or a new one behind the same address)
-    gets a new identity, which is how holders and clients notice."""
+    gets a new identity, which is how holders and clients notice.
+
+    `created_ms` is when the store's current life began: when it was made, or when a failover
+    was last fenced (stores.replication). Either way the store may not know every lease of
+    its earlier life, so a snowflake holder waits a ttl past it (LeaseKeeper)."""
 
     id: str
     created_ms: int | None

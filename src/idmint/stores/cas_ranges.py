@@ -121,6 +121,18 @@ def cas_update(
         wait()
 
 
+def fenced_value(cell: str, value: str, gap: int) -> str:
+    """A key cell's value (`cell` is under KEY_PREFIX) moved up `gap` ids of its stripe for
+    a failover's fence: past every range a promoted replica may lack. Never past one above
+    the key's last id (a bounded key may end spent), never down. Every other field is kept as
+    written."""
+    row = json.loads(value)
+    top = int(row["max_id"])
+    moved = min(top + gap * int(row.get("stripes") or 1), int(row["last_id"]) + 1)
+    row["max_id"] = max(top, moved)
+    return json.dumps(row, separators=(",", ":"))
+
+
 @dataclass
 class CasCounts:
     """What the compare-and-set loops did, for stats and /metrics."""

@@ -24,7 +24,14 @@ from ._deadline import WATCHDOG
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
 from ._urls import scrub, take_parameter
-from .replication import POSTGRES_QUERY, UNSAFE_REPLICATION, ReplicationState, postgres_state
+from .replication import (
+    FAILOVER_GAP_PARAMETER,
+    POSTGRES_QUERY,
+    UNSAFE_REPLICATION,
+    ReplicationState,
+    failover_gap,
+    postgres_state,
+)
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -133,6 +140,7 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
 
     url = url.replace("postgres://", "postgresql://", 1)
     url, unsafe = take_parameter(url, UNSAFE_REPLICATION)
+    url, gap = take_parameter(url, FAILOVER_GAP_PARAMETER)
     if unsafe not in (None, "0", "1"):
         raise InvalidArgument(
             f"bad PostgreSQL URL {display_url!r}: {UNSAFE_REPLICATION} must be 1 or 0"
@@ -201,6 +209,7 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         durability=durability,
         replication=replication,
         unsafe_replication=unsafe == "1",
+        failover_gap=failover_gap(gap, display_url),
         # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
         # statement gets a little more, so that a lock wait is reported as one; a session
         # idle inside a transaction for twice that (its process is paused) is ended, so its row

@@ -29,7 +29,6 @@ import os
 import re
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -49,8 +48,16 @@ from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .cas_ranges import CasRangeStore
 from .engine import Engine
+from .redis_failover import RedisFailover, guarded
 from .redis_quorum import RedisQuorumNode
-from .replication import REPLICA, ReplicationState, redis_state
+from .replication import (
+    FAILOVER_GAP,
+    FAILOVER_GAP_PARAMETER,
+    UNSAFE_REPLICATION,
+    ReplicationState,
+    failover_gap,
+    redis_state,
+)
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -189,15 +196,29 @@ class RedisLeaseStore:
         prefix: str,
         display_url: str,
         errors: tuple[type[Exception], ...],
+        *,
+        timeout: float,
+        unsafe_replication: bool = False,
+        gap: int = FAILOVER_GAP,
     ) -> None:
         self.display_url = display_url
         self._client = client
         self._prefix = prefix
         self._errors = errors  # redis-py's exceptions, imported lazily with the driver
         self._meta = client.register_script(_META)
-        self._acquire = client.register_script(_ACQUIRE)
-        self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
+        self._acquire = client.register_script(guarded(_ACQUIRE))
+        self._renew = client.register_script(guarded(_RENEW))
+        self._release = client.register_script(guarded(_RELEASE))
+        self._failover = RedisFailover(
+            client,
+            prefix,
+            display_url,
+            self._call,
+            client.register_script(_SWAP),
+            timeout=timeout,
+            unsafe=unsafe_replication,
+            gap=gap,
+        )
 
     def identity(self) -> StoreIdentity | None:
         """The identity under this prefix, made on first use."""
@@ -231,8 +252,7 @@ class RedisLeaseStore:
     ) -> Lease:
         if worker_id is not None:
             check_claim(worker_id, workers)
-        identity = self.identity()
-        assert identity is not None
+        self.identity()  # made before the lease, on a new store
         owner = uuid.uuid4().hex
         args: list[str | int] = [
             self._prefix,
@@ -245,7 +265,7 @@ class RedisLeaseStore:
             "" if now_ms is None else now_ms,
             "" if worker_id is None else worker_id,
         ]
-        got = self._call(lambda: self._acquire(args=args))
+        got = self._failover.write(self._acquire, [], args)
         if not got:
             raise WorkersExhausted(namespace, workers)
         answer = cast(list[Any], got)
@@ -256,6 +276,9 @@ class RedisLeaseStore:
                 namespace, worker_id, str(answer[1]), pttl / 1000 if pttl >= 0 else None
             )
         chosen, floor, horizon, seconds, micros = (int(v) for v in answer[:5])
+        # Read again after the write: a fence the write set off gave the store a new life.
+        identity = self.identity()
+        assert identity is not None
         if answer[5] != identity.id:  # wiped between the two calls: ask again
             raise StoreUnavailable(f"store {self.display_url} lost its data during an acquire")
         return Lease(
@@ -274,7 +297,7 @@ class RedisLeaseStore:
     def renew(self, lease: Lease, horizon_ms: int) -> Lease:
         keys = [*self._keys(lease.namespace, lease.worker_id), f"{self._prefix}:meta"]
         args: list[str | int] = [lease.owner, _ms(lease.ttl), horizon_ms, lease.horizon_ms]
-        got = self._call(lambda: self._renew(keys=keys, args=args))
+        got = self._failover.write(self._renew, keys, args)
         if got is None:
             raise LeaseLost(
                 f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
@@ -293,7 +316,7 @@ class RedisLeaseStore:
     def release(self, lease: Lease, issued_ms: int | None = None) -> None:
         keys = self._keys(lease.namespace, lease.worker_id)
         down = "" if issued_ms is None else str(max(lease.floor_ms, issued_ms))
-        self._call(lambda: self._release(keys=keys, args=[lease.owner, down]))
+        self._failover.write(self._release, keys, [lease.owner, down])
 
     def holders(self, namespace: str) -> list[WorkerInfo]:
         head = f"{self._prefix}:h:{namespace}:"
@@ -377,8 +400,6 @@ return found
 
 _log = logging.getLogger(__name__)
 
-#: Seconds between reads of a primary's replicas (INFO replication) by a writing process.
-REPLICAS_REFRESH = 5.0
 _warned: set[str] = set()  # the stores whose weak persistence was logged: once per process
 _warned_lock = threading.Lock()
 
@@ -429,6 +450,8 @@ class RedisCasStore:
         *,
         timeout: float,
         unsafe: bool = False,
+        unsafe_replication: bool = False,
+        gap: int = FAILOVER_GAP,
     ) -> None:
         self.display_url = display_url
         self._client = client
@@ -438,15 +461,20 @@ class RedisCasStore:
         self._timeout = timeout
         self._index = f"{prefix}:cells"
         self._meta = client.register_script(_META)
-        self._create = client.register_script(_CREATE)
-        self._swap = client.register_script(_SWAP)
+        self._create = client.register_script(guarded(_CREATE))
+        self._swap = client.register_script(guarded(_SWAP))
         self._scan = client.register_script(_SCAN)
         self._checked = False  # the server's persistence settings were looked at
-        #: Replicas every write waits for (WAIT): the most this process has seen connected to
-        #: the primary, so a replica that drops off (a cut link) is still waited for, and its
-        #: writes fail rather than go unreplicated; read again every REPLICAS_REFRESH seconds.
-        self._replicas = 0
-        self._replicas_read_at: float | None = None
+        self.failover = RedisFailover(
+            client,
+            prefix,
+            display_url,
+            lambda op: self._call(op, idempotent=False),
+            client.register_script(_SWAP),  # the fence's: past the guard
+            timeout=timeout,
+            unsafe=unsafe_replication,
+            gap=gap,
+        )
 
     def _cell(self, key: str) -> str:
         return f"{self._prefix}:c:{key}"
@@ -530,76 +558,21 @@ class RedisCasStore:
         return None if value is None or version is None else (str(value), int(version))
 
     def replication(self) -> ReplicationState:
-        """The server's replication as it is now (INFO replication); every connected replica
-        is waited for after each write."""
+        """The server's replication as it is now (INFO replication); unless the URL says
+        unsafe_replication, every replica the prefix has had is waited for after each write."""
         info = self._call(lambda: self._client.info("replication"), idempotent=True)
-        return redis_state({k: str(v) for k, v in info.items()}, waits=True)
-
-    def _replicas_to_wait(self) -> int:
-        """How many replicas a write must reach before it counts (see __init__)."""
-        now = time.monotonic()
-        if self._replicas_read_at is None or now - self._replicas_read_at >= REPLICAS_REFRESH:
-            try:
-                state = self.replication()
-            except StoreUnavailable as exc:
-                if "NOPERM" not in str(exc) and "unknown command" not in str(exc):
-                    raise
-                state = None  # INFO refused (ACLs, a managed Redis): taken on trust
-            if state is not None and state.role == REPLICA:
-                raise StoreUnavailable(
-                    f"store {self.display_url} is a replica ({state.detail}): it takes no "
-                    "writes; give the primary's address (or wait for the failover to finish)"
-                )
-            seen = 0 if state is None else state.replicas
-            if seen < self._replicas:
-                _log.warning(
-                    "store %s: %d replica(s) connected, %d before: writes keep waiting for %d "
-                    "and fail until they are back (restart this process once a replica is "
-                    "removed for good)",
-                    self.display_url,
-                    seen,
-                    self._replicas,
-                    self._replicas,
-                )
-            self._replicas = max(self._replicas, seen)
-            self._replicas_read_at = now
-        return self._replicas
-
-    def _write(self, script: Any, keys: list[str], args: list[str]) -> Any:
-        """Run a writing script; on a primary with replicas, WAIT for them on the same
-        connection. A write they did not all confirm in time raises StoreUnavailable: it
-        applied here, and a failover to a replica without it would undo it, so the caller
-        treats its outcome as unknown and serves nothing from it."""
-        need = self._replicas_to_wait()
-        if not need:
-            return self._call(lambda: script(keys=keys, args=args), idempotent=False)
-        wait_ms = max(1, int(self._timeout * 500))  # half the store timeout: the socket's is whole
-
-        def write_and_wait() -> list[Any]:
-            pipe: Any = self._client.pipeline(transaction=False)
-            script(keys=keys, args=args, client=pipe)
-            pipe.execute_command("WAIT", need, wait_ms)
-            return list(pipe.execute())
-
-        result, acks = self._call(write_and_wait, idempotent=False)
-        if int(acks) < need:
-            self._replicas_read_at = None  # look again before the next write
-            raise StoreUnavailable(
-                f"store {self.display_url}: a write reached {acks} of {need} replica(s) within "
-                f"{wait_ms} ms; not used (a failover could undo it)"
-            )
-        return result
+        return redis_state({k: str(v) for k, v in info.items()}, waits=not self.failover.unsafe)
 
     def create(self, key: str, value: str) -> bool:
         self._check_persistence()
         keys = [self._cell(key), self._index]
-        return bool(self._write(self._create, keys, [key, value]))
+        return bool(self.failover.write(self._create, keys, [key, value]))
 
     def swap(self, key: str, version: int, value: str) -> bool:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             return False  # versions start at 1: nothing has this one
         self._check_persistence()
-        return bool(self._write(self._swap, [self._cell(key)], [str(version), value]))
+        return bool(self.failover.write(self._swap, [self._cell(key)], [str(version), value]))
 
     def scan(self, prefix: str) -> list[tuple[str, str]]:
         # Index entries compare by bytes; no UTF-8 text holds the byte 0xFF, so [prefix up to
@@ -647,12 +620,16 @@ def _parse(url: str, display: str) -> dict[str, Any]:
     if not is_digits(db):
         raise bad(f"the database must be a number, not {db!r}")
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = set(query) - {"prefix", "unsafe"}
+    known = ("prefix", "unsafe", UNSAFE_REPLICATION, FAILOVER_GAP_PARAMETER)
+    unknown = set(query) - set(known)
     if unknown:
-        raise bad(f"unknown parameter {sorted(unknown)[0]!r} (only prefix and unsafe)")
-    unsafe = query.get("unsafe", "0").lower()
-    if unsafe not in ("0", "1", "true", "false", "yes", "no"):
-        raise bad(f"unsafe must be 1 or 0, not {unsafe!r}")
+        raise bad(f"unknown parameter {sorted(unknown)[0]!r} (only {', '.join(known)})")
+    flags = {}
+    for flag in ("unsafe", UNSAFE_REPLICATION):
+        value = query.get(flag, "0").lower()
+        if value not in ("0", "1", "true", "false", "yes", "no"):
+            raise bad(f"{flag} must be 1 or 0, not {value!r}")
+        flags[flag] = value in ("1", "true", "yes")
     prefix = query.get("prefix", DEFAULT_PREFIX)
     if not prefix:
         raise bad("the prefix is empty")
@@ -665,7 +642,9 @@ def _parse(url: str, display: str) -> dict[str, Any]:
         "password": unquote(parts.password) if parts.password is not None else None,
         "ssl": parts.scheme.lower() == "rediss",
         "prefix": prefix,
-        "unsafe": unsafe in ("1", "true", "yes"),
+        "unsafe": flags["unsafe"],
+        UNSAFE_REPLICATION: flags[UNSAFE_REPLICATION],
+        "gap": failover_gap(query.get(FAILOVER_GAP_PARAMETER), display),
     }
 
 
@@ -703,6 +682,8 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
     redis = _driver()
     prefix = args.pop("prefix")
     unsafe = bool(args.pop("unsafe"))
+    # Replicas each write does not wait for, and the fence's gap (see redis_failover).
+    replication = {"unsafe_replication": args.pop(UNSAFE_REPLICATION), "gap": args.pop("gap")}
     # Connection errors and timeouts above all, but also a server that refuses to write
     # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.
     errors = _RedisErrors(
@@ -714,13 +695,17 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
     def leases(_: Engine) -> RedisLeaseStore:
         # One immediate retry on a broken connection (a pooled one the server dropped, say).
         client = _client(redis, args, timeout, retries=1)
-        return RedisLeaseStore(client, prefix, display, (errors.any,))
+        return RedisLeaseStore(
+            client, prefix, display, (errors.any,), timeout=timeout, **replication
+        )
 
     def cas(_: Engine) -> RedisCasStore:
         # No retry inside the driver: a swap re-sent after its reply was lost would find its
         # own write and answer False for a swap that happened (see RedisCasStore._call).
         client = _client(redis, args, timeout, retries=0)
-        return RedisCasStore(client, prefix, display, errors, timeout=timeout, unsafe=unsafe)
+        return RedisCasStore(
+            client, prefix, display, errors, timeout=timeout, unsafe=unsafe, **replication
+        )
 
     return Engine(
         "redis",

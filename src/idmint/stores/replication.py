@@ -20,15 +20,62 @@ or is None when none can be (no replicas, or every write waits for them).
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._errors import InvalidArgument
 from ..ids import is_digits
 
 PRIMARY, REPLICA, STANDALONE = "primary", "replica", "standalone"
 
 #: The store URL parameter that accepts replicas a write does not wait for (=1).
 UNSAFE_REPLICATION = "unsafe_replication"
+#: The store URL parameter that sets the fence's gap (ids; 0 fences nothing but leases).
+FAILOVER_GAP_PARAMETER = "failover_gap"
+#: Ids every key (each stripe) skips when a failover is detected: more than the ranges a
+#: promoted replica can lack (with writes that wait for the replicas, none; else the
+#: allocations of the replication lag). See docs/stores.md.
+FAILOVER_GAP = 1_000_000
+
+
+def failover_gap(value: str | None, display_url: str) -> int:
+    """The fence's gap from the URL parameter's value (None: the default)."""
+    if value is None:
+        return FAILOVER_GAP
+    if not is_digits(value) or len(value) > 18:
+        raise InvalidArgument(
+            f"bad store URL {display_url!r}: {FAILOVER_GAP_PARAMETER} must be a whole number "
+            f"of ids (0 or more), not {value!r}"
+        )
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Failover:
+    """A failover this process detected and fenced."""
+
+    store: str  # the store's URL, without secrets
+    recorded: str  # the lineage the store had recorded
+    lineage: str  # the new primary's
+    at: float  # unix seconds
+
+
+_failovers: list[Failover] = []
+_failovers_lock = threading.Lock()
+
+
+def note_failover(store: str, recorded: str, lineage: str) -> None:
+    """Count a fenced failover (for /v1/stats, /metrics and the dashboard)."""
+    with _failovers_lock:
+        _failovers.append(Failover(store, recorded, lineage, time.time()))
+
+
+def failovers() -> list[Failover]:
+    """Every failover this process fenced, oldest first."""
+    with _failovers_lock:
+        return list(_failovers)
 
 
 @dataclass(frozen=True)
