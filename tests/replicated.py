@@ -9,6 +9,9 @@ the standby, as an operator or Patroni/Sentinel would.
 from __future__ import annotations
 
 import contextlib
+import selectors
+import socket
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -114,3 +117,85 @@ def redis_pair() -> Iterator[tuple[RedisServer, RedisServer]]:
         if replica is not None:
             replica.close()
         primary.close()
+
+
+class Forwarder:
+    """A TCP forwarder on loopback standing in for a virtual IP: clients connect to `port`,
+    each connection goes to `target` (a port on loopback) as it is when the connection is
+    made. Setting `target` moves the address, as a failover manager would: every open
+    connection is cut (clients see a broken connection and connect again)."""
+
+    def __init__(self, target: int) -> None:
+        self._target = target
+        self._listener = socket.create_server((LOOPBACK, 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, name="forwarder", daemon=True).start()
+
+    @property
+    def target(self) -> int:
+        return self._target
+
+    @target.setter
+    def target(self, port: int) -> None:
+        self._target = port
+        self._cut()
+
+    def __enter__(self) -> Forwarder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed = True
+        self._listener.close()
+        self._cut()
+
+    def _cut(self) -> None:
+        with self._lock:
+            sockets, self._open = self._open, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection((LOOPBACK, self._target), timeout=5)
+            except OSError:
+                client.close()  # nothing listens there (the primary is down): refused
+                continue
+            with self._lock:
+                self._open += [client, server]
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    @staticmethod
+    def _pump(a: socket.socket, b: socket.socket) -> None:
+        """Copy bytes both ways until either side closes (or the forwarder cuts them)."""
+        other = {a: b, b: a}
+        with selectors.DefaultSelector() as selector:
+            for sock in (a, b):
+                sock.setblocking(False)
+                selector.register(sock, selectors.EVENT_READ)
+            try:
+                while True:
+                    for key, _ in selector.select(timeout=1):
+                        source = key.fileobj
+                        assert isinstance(source, socket.socket)
+                        data = source.recv(65536)
+                        if not data:
+                            return
+                        other[source].setblocking(True)
+                        other[source].sendall(data)
+                        other[source].setblocking(False)
+            except OSError:
+                return
+            finally:
+                for sock in (a, b):
+                    with contextlib.suppress(OSError):
+                        sock.close()

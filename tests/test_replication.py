@@ -4,9 +4,12 @@ set up with the engines' own tools on loopback (tests/replicated.py)."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -15,7 +18,8 @@ from idmint import InvalidArgument, StoreUnavailable
 from idmint.stores import open_engine
 from idmint.stores.replication import PRIMARY, STANDALONE
 
-from replicated import PostgresStandby, postgres_pair, redis_pair
+from http_server import ServerProcess
+from replicated import Forwarder, PostgresStandby, postgres_pair, redis_pair
 from servers import wait_until
 
 
@@ -174,3 +178,47 @@ def test_a_redis_failover_is_fenced_before_a_range_or_a_lease_is_served(
         assert "FAILOVER" in caplog.text  # detected whatever the gap
         assert newcomer.store_created_ms >= killed_ms  # a new life: the holder waits a ttl
         caplog.clear()
+
+
+def test_replication_and_failovers_show_in_init_stats_readyz_and_metrics() -> None:
+    """What an operator sees of a Redis primary with a replica: `idmint init`, then a server
+    on it, whose /v1/stats, /readyz and /metrics say the role, the replicas and the replicas
+    each write waits for; after a failover (the replica promoted, the server's store URL
+    moved with a forwarder standing in for a virtual IP) the fence is counted in all three."""
+    with redis_pair() as (primary, replica), Forwarder(primary.port) as vip:
+        url = f"redis://127.0.0.1:{vip.port}/0?prefix=ops"
+        init = subprocess.run(
+            [sys.executable, "-m", "idmint", "init", "--store", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert init.returncode == 0, init.stderr
+        assert "replication: primary, 1 replica(s), writes wait for 1" in init.stdout
+        server = ServerProcess(url).start()
+        try:
+            made = httpx.post(server.url + "/v1/keys", json={"name": "k", "step": 10})
+            assert made.status_code == 201
+            assert httpx.get(server.url + "/v1/keys/k/ids").status_code == 200
+            stats = httpx.get(server.url + "/v1/stats").json()["replication"]
+            assert stats["state"]["role"] == PRIMARY and stats["state"]["waits_for"] == 1
+            assert stats["failovers"] == 0
+            ready = httpx.get(server.url + "/readyz").text
+            assert "store primary, 1 replica(s), writes wait for 1" in ready
+            metrics = httpx.get(server.url + "/metrics").text
+            assert "idmint_store_replicas 1.0" in metrics
+            assert "idmint_store_replicas_waited 1.0" in metrics
+
+            replica.client().replicaof("NO", "ONE")
+            primary.kill()
+            vip.target = replica.port  # the virtual IP moves to the promoted replica
+
+            def fenced() -> bool:  # ids go on coming (a refill or two may fail first)
+                httpx.get(server.url + "/v1/keys/k/ids", params={"count": 100})
+                return bool(httpx.get(server.url + "/v1/stats").json()["replication"]["failovers"])
+
+            wait_until(fenced, 20, "a refill on the promoted replica to fence it")
+            assert "1 failover(s) fenced" in httpx.get(server.url + "/readyz").text
+            assert "idmint_store_failovers_total 1.0" in httpx.get(server.url + "/metrics").text
+        finally:
+            server.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
+from typing import cast
 
 from ._errors import Closed, Exhausted, InvalidArgument
 from ._fork import ForkAware, private_random
@@ -25,6 +26,7 @@ from .layout import Layout
 from .stores import DEFAULT_TIMEOUT, open_engine
 from .stores.base import LeaseStore, QuorumNode, RangeStore, StoreIdentity
 from .stores.engine import Engine
+from .stores.replication import ReplicationState
 from .stores.static import StateFileLeases, StaticLeaseStore
 from .strategies.datacenter import DatacenterRanges, ReservationSizing, check_dc_name
 from .strategies.quorum import (
@@ -141,6 +143,22 @@ class Minter(ForkAware):
         if identity is None and self.lease_store is not None:
             identity = self.lease_store.identity()
         return identity
+
+    def replication(self) -> ReplicationState | None:
+        """The store's replication as it is now (stores/replication.py): None for a store
+        without replication (SQLite, the memory store) or one that does not say (etcd,
+        ZooKeeper and Cassandra replicate by consensus: a failover loses nothing)."""
+        seen: list[object] = [self.store, self.lease_store]
+        for _ in range(8):  # through the wrappers (kind checks, CAS ranges) to the engine's
+            if not seen:
+                break
+            store = seen.pop(0)
+            read = getattr(store, "replication", None)
+            if callable(read):
+                return cast(ReplicationState | None, read())
+            seen += [getattr(store, name, None) for name in ("store", "cas")]
+            seen = [s for s in seen if s is not None]
+        return None
 
     def add_key(
         self,

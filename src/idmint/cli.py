@@ -267,6 +267,11 @@ def init(ctx: click.Context) -> None:
         click.echo(
             f"initialised {minter.url}" + (f" (store {identity.id}{made})" if identity else "")
         )
+        replication = minter.replication()
+        if replication is not None:
+            click.echo(f"replication: {replication.describe()}")
+            if replication.risk is not None:
+                click.echo(f"replication risk: {replication.risk} (docs/stores.md)")
 
 
 @cli.group()

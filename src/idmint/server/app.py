@@ -22,7 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -57,6 +57,7 @@ from ..ids import (
 )
 from ..layout import layout_named
 from ..stores.base import STORE_HEADER, StoreIdentity
+from ..stores.replication import ReplicationState, failovers
 from ..strategies.datacenter import DatacenterRanges
 from ..strategies.quorum import QuorumGenerator, QuorumOptions, split_nodes
 from ..strategies.refills import set_shared_threads
@@ -359,6 +360,9 @@ class App:
         #: The store's identity as last read (StoreIdentity); every answer names it in the
         #: `idmint-store` header, so a client can refuse servers of two different stores.
         self.identity: StoreIdentity | None = None
+        #: The store's replication as last read (every KEY_REFRESH s), None for a store
+        #: without any (stores/replication.py).
+        self.replication: ReplicationState | None = None
         self._dashboard: str | None = None
         self._flake: SnowflakeGenerator | None = None
         self._flake_lock = threading.Lock()
@@ -437,6 +441,7 @@ class App:
         """Every key, and the store's identity as it is now (on a probe thread)."""
         keys = self.minter.keys()
         self._check_identity()
+        self.replication = self.minter.replication()
         return keys
 
     def _check_identity(self) -> None:
@@ -523,7 +528,19 @@ class App:
             cas=cas_counts(minter.store) if minter is not None else None,
             datacenter=datacenter_stats(minter.store) if minter is not None else None,
             quorum=quorum_stats(minter.quorums()) if minter is not None else None,
+            replication=self._replication_stats(),
         )
+
+    def _replication_stats(self) -> dict[str, Any] | None:
+        """The store's replication as last read and the failovers this process fenced."""
+        fenced = failovers()
+        if self.replication is None and not fenced:
+            return None
+        return {
+            "state": self.replication.as_dict() if self.replication is not None else None,
+            "failovers": len(fenced),
+            "last_failover": asdict(fenced[-1]) if fenced else None,
+        }
 
     def shutdown(self) -> None:
         """Stop being ready and give every unused tail back to the store, within a share of
@@ -1125,7 +1142,23 @@ class App:
         if cold:
             return Response(503, f"not ready: {'; '.join(cold[:10])}\n")
         store = f" (store {self.identity.id})" if self.identity else ""
-        return Response(200, f"ready{store}{self._global_note()}\n")
+        return Response(200, f"ready{store}{self._replication_note()}{self._global_note()}\n")
+
+    def _replication_note(self) -> str:
+        """The store's replication as last read, for the /readyz body (never gating it: a
+        store that cannot take a write safely fails the write, and the probe with it)."""
+        state = self.replication
+        if state is None:
+            return ""
+        note = f"; store {state.role}, {state.replicas} replica(s), writes wait for "
+        note += str(state.waits_for)
+        if state.risk is not None:
+            note += f" (at risk: {state.risk})"
+        fenced = failovers()
+        if fenced:
+            note += f"; {len(fenced)} failover(s) fenced, the last at "
+            note += datetime.fromtimestamp(fenced[-1].at, UTC).isoformat(timespec="seconds")
+        return note
 
     def _serving_datacenter(self) -> DatacenterRanges | None:
         store = self.minter.store
@@ -1286,6 +1319,7 @@ class App:
             "cas": src.cas,
             "datacenter": src.datacenter,
             "quorum": src.quorum,
+            "replication": src.replication,
         }
 
     async def openapi(self, request: Request, key: str | None) -> Response:

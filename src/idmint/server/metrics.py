@@ -342,6 +342,27 @@ SPECS = [
         "livemax",
     ),
     Spec(
+        "idmint_store_replicas",
+        GAUGE,
+        "Replicas connected to the store's primary, as last read (Redis, PostgreSQL).",
+        (),
+        "livemax",
+    ),
+    Spec(
+        "idmint_store_replicas_waited",
+        GAUGE,
+        "Replicas each write waits for before it counts; below idmint_store_replicas, a "
+        "failover can lose acknowledged ranges (the fence then moves keys past them).",
+        (),
+        "livemin",
+    ),
+    Spec(
+        "idmint_store_failovers_total",
+        COUNTER,
+        "Failovers of the store's primary this server detected and fenced.",
+        (),
+    ),
+    Spec(
         "idmint_dc_global_up",
         GAUGE,
         "1 while the datacenter's last call to the global level answered, 0 while cut off "
@@ -482,6 +503,7 @@ class Sources:
     cas: dict[str, int] | None = None
     datacenter: dict[str, Any] | None = None
     quorum: list[dict[str, Any]] | None = None
+    replication: dict[str, Any] | None = None
     _stats: dict[str, SegmentStats] = field(default_factory=dict)
 
     def stats_of(self, name: str) -> SegmentStats | None:
@@ -691,6 +713,12 @@ class Exporter:
                 if value is None:  # no offset from a store without a clock (memory, static)
                     continue
                 self._put(name, layout, float(value) / (1000 if field_.endswith("_ms") else 1))
+        if src.replication is not None:
+            state = src.replication["state"]
+            if state is not None:
+                self._put("idmint_store_replicas", (), float(state["replicas"]))
+                self._put("idmint_store_replicas_waited", (), float(state["waits_for"]))
+            self._put("idmint_store_failovers_total", (), float(src.replication["failovers"]))
         for q in src.quorum or []:
             for field_, _ in QUORUM:
                 self._put(f"idmint_quorum_{field_}_total", (q["key"],), float(q[field_]))
