@@ -69,6 +69,7 @@ class Page(HTMLParser):
         self.errors: dict[str, str] = {}
         self.by_id: dict[str, str] = {}
         self.hidden: set[str] = set()
+        self.classes: dict[str, str] = {}  # each element with an id: its class attribute
         self._open: list[list[tuple[str, str]]] = []  # per open element: what its text goes to
         self._active: list[tuple[str, str]] = []
         self._parts: dict[tuple[str, str], list[str]] = {}
@@ -93,6 +94,7 @@ class Page(HTMLParser):
             sinks.append(("cell", f"{self._row}\0{a['data-col']}"))
         if a.get("id"):
             sinks.append(("id", a["id"] or ""))
+            self.classes[a["id"] or ""] = a.get("class") or ""
             if "hidden" in a:
                 self.hidden.add(a["id"] or "")
         for sink in sinks:
@@ -407,3 +409,23 @@ def test_dashboard_shows_every_workers_totals(tmp_path: Path) -> None:
         assert page.by_id["s-workers"] == "2"
     finally:
         server.stop()
+
+
+def test_dashboard_shows_the_stores_replication_and_failovers(stub: StubServer) -> None:
+    server = {"version": "9.9.9", "store": "redis://db/0", "pid": 77}
+    server |= {"started_at": "2026-11-21T05:00:00+00:00", "uptime_s": 60.0, "ready": True}
+    state = {"role": "primary", "lineage": "ab12", "replicas": 2, "waits_for": 2}
+    state |= {"detail": "master_repl_offset 42", "risk": None}
+    replication = {"state": state, "failovers": 0, "last_failover": None}
+    stub.answers = [{"server": server, "keys": [], "replication": replication}]
+    page = render(stub.url + "/")
+    assert "f-repl-box" not in page.hidden
+    assert page.by_id["f-repl"] == "primary · 2 replica(s) · writes wait for 2"
+    assert page.classes["f-repl"] == ""
+
+    risky = state | {"waits_for": 0, "risk": "2 replica(s) connected and writes wait for 0"}
+    fenced = replication | {"state": risky, "failovers": 1}
+    stub.answers = [{"server": server, "keys": [], "replication": fenced}]
+    page = render(stub.url + "/")
+    assert page.by_id["f-repl"].endswith("writes wait for 0 · 1 failover(s) fenced")
+    assert page.classes["f-repl"] == "warn"
