@@ -15,9 +15,10 @@ import threading
 from collections.abc import Iterator
 
 import psycopg
+import pymysql
 
 from server_redis import RedisServer
-from servers import LOOPBACK, PostgresServer, wait_until
+from servers import LOOPBACK, MariaDBServer, PostgresServer, wait_until
 
 
 class PostgresStandby(PostgresServer):
@@ -117,6 +118,74 @@ def redis_pair() -> Iterator[tuple[RedisServer, RedisServer]]:
         if replica is not None:
             replica.close()
         primary.close()
+
+
+@contextlib.contextmanager
+def mariadb_pair(*, semi_sync: bool) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+    """A MariaDB primary writing a binary log and a replica of it (server ids 1 and 2), the
+    link up; with `semi_sync`, semi-synchronous replication on both (a commit waits up to 1 s
+    for the replica's acknowledgement, then falls back to asynchronous)."""
+    waits = ["--rpl-semi-sync-master-enabled=ON", "--rpl-semi-sync-master-timeout=1000"]
+    primary = MariaDBServer(
+        extra_options=[
+            "--server-id=1",
+            "--log-bin=binlog",
+            "--binlog-format=ROW",
+            *(waits if semi_sync else []),
+        ]
+    )
+    replica = MariaDBServer(
+        extra_options=[
+            "--server-id=2",
+            "--relay-log=relay",
+            *(["--rpl-semi-sync-slave-enabled=ON"] if semi_sync else []),
+        ]
+    )
+    try:
+        primary.start()
+        replica.start()
+        file, position = sql(primary, "SHOW MASTER STATUS")[0][:2]
+        sql(
+            replica,
+            f"CHANGE MASTER TO MASTER_HOST='{LOOPBACK}', MASTER_PORT={primary.port}, "
+            f"MASTER_USER='root', MASTER_PASSWORD='', MASTER_LOG_FILE='{file}', "
+            f"MASTER_LOG_POS={position}",
+            "START SLAVE",
+        )
+        wait_until(lambda: _binlog_dumps(primary) == 1, 30, "the replica to connect")
+        yield primary, replica
+    finally:
+        replica.close()
+        primary.close()
+
+
+def sql(server: MariaDBServer, *statements: str) -> list[tuple[object, ...]]:
+    """Run statements on a MariaDB server as root; the last one's rows."""
+    conn = pymysql.connect(
+        host=LOOPBACK, port=server.port, user="root", password="", autocommit=True
+    )
+    try:
+        rows: list[tuple[object, ...]] = []
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+                rows = list(cur.fetchall())
+        return rows
+    finally:
+        conn.close()
+
+
+def promote(replica: MariaDBServer) -> None:
+    """What an operator (or orchestrator) does to make a MariaDB replica the primary."""
+    sql(replica, "STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF")
+
+
+def _binlog_dumps(primary: MariaDBServer) -> int:
+    rows = sql(
+        primary,
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'",
+    )
+    return int(str(rows[0][0]))
 
 
 class Forwarder:

@@ -19,7 +19,15 @@ from idmint.stores import open_engine
 from idmint.stores.replication import PRIMARY, STANDALONE
 
 from http_server import ServerProcess
-from replicated import Forwarder, PostgresStandby, postgres_pair, redis_pair
+from replicated import (
+    Forwarder,
+    PostgresStandby,
+    mariadb_pair,
+    postgres_pair,
+    promote,
+    redis_pair,
+    sql,
+)
 from servers import wait_until
 
 
@@ -222,3 +230,49 @@ def test_replication_and_failovers_show_in_init_stats_readyz_and_metrics() -> No
             assert "idmint_store_failovers_total 1.0" in httpx.get(server.url + "/metrics").text
         finally:
             server.stop()
+
+
+def test_a_mariadb_failover_is_fenced_and_an_unacknowledged_commit_is_not_served(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """MariaDB with semi-synchronous replication, the replica's link cut (its IO thread
+    stopped). MariaDB answers a commit the replica did not acknowledge within the timeout
+    anyway, falling back to asynchronous replication (Leaf's known hole): by default such a
+    range is reported unavailable and never served. With the opt-in it is served; the primary
+    is killed -9 and the replica promoted: the first connection to it sees another server id,
+    moves every key up the gap and starts the store's life again; with the gap at 0 (the
+    negative control) the lost range repeats and the check catches it. A replica is refused
+    as a store while it replicates."""
+    for gap, repeats in ((0, True), (None, False)):
+        with mariadb_pair(semi_sync=True) as (primary, replica):
+            url = primary.create_database("ids")
+            moved_url = replica.url("ids")
+            unsafe = "?unsafe_replication=1" + ("" if gap is None else f"&failover_gap={gap}")
+            with idmint.connect(url, timeout=3) as minter:
+                state = minter.replication()
+                assert state is not None
+                assert (state.role, state.replicas, state.waits_for) == (PRIMARY, 1, 1)
+                minter.add_key("k", step=10)
+                before = minter.ranges.allocate("k").range
+            with pytest.raises(StoreUnavailable, match="is a replica"):
+                _replication(moved_url)
+            sql(replica, "STOP SLAVE IO_THREAD")  # the link cut
+            with (
+                idmint.connect(url, timeout=3) as minter,
+                pytest.raises(StoreUnavailable, match="fallen back to asynchronous"),
+            ):
+                minter.ranges.allocate("k")
+            with idmint.connect(url + unsafe, timeout=3) as minter:
+                lost = minter.ranges.allocate("k").range
+            _lease(url + unsafe)
+            primary.kill()
+            killed_ms = time.time() * 1000
+            promote(replica)
+            with caplog.at_level(logging.ERROR), idmint.connect(moved_url + unsafe) as minter:
+                after = minter.ranges.allocate("k").range
+            newcomer = _lease(moved_url + unsafe)
+        assert before.stop <= lost.start
+        assert (after.start < lost.stop) == repeats, (gap, before, lost, after)
+        assert "FAILOVER" in caplog.text and "server_id 2" in caplog.text
+        assert newcomer.store_created_ms >= killed_ms
+        caplog.clear()

@@ -146,10 +146,19 @@ class Dialect:
     replication: Callable[[Any], ReplicationState | None] = field(
         default=lambda cur: None, repr=False
     )
+    #: What makes a commit wait for the replicas, in the engine's settings (for messages).
+    replication_hint: str = ""
     #: Accept a primary whose writes do not wait for every replica (the URL says so).
     unsafe_replication: bool = False
     #: Ids every key skips when a failover is fenced (the URL's failover_gap).
     failover_gap: int = FAILOVER_GAP
+    #: After each commit on a primary whose commits wait for replicas, when the engine may
+    #: answer a commit they did not acknowledge (MySQL's semi-sync fallback): (cursor, what
+    #: it returned last time or None) -> (its mark now, why the commit may not be on a
+    #: replica or None). None for engines that never answer early (PostgreSQL).
+    confirm_commit: Callable[[Any, str | None], tuple[str | None, str | None]] | None = field(
+        default=None, repr=False
+    )
     #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
     #: the URL: not in the repr, which a debugger or an error tracker may show.
     scrub: Callable[[str], str] = field(default=str, repr=False)
@@ -174,6 +183,10 @@ class SqlConnection(ForkAware):
         self._lock = threading.Lock()
         self._conn: Any = None
         self._identity: StoreIdentity | None = None  # read on every new connection
+        #: Each commit is confirmed (Dialect.confirm_commit) on this connection: its primary's
+        #: commits are set to wait for replicas; and the mark the last confirmation returned.
+        self._confirming = False
+        self._commit_mark: str | None = None
         self._closed = False
         self._watch_fork()
 
@@ -213,12 +226,28 @@ class SqlConnection(ForkAware):
                 self._add_columns(cur)
                 if replication is not None and replication.lineage is not None:
                     self._check_lineage(cur, replication.lineage)
+                confirm = self._dialect.confirm_commit
+                self._commit_mark = None
+                if confirm is not None and not self._dialect.unsafe_replication:
+                    self._commit_mark, _ = confirm(cur, None)  # None: nothing to confirm
+                self._confirming = self._commit_mark is not None
                 self._identity = self._read_identity(cur)  # after a fence: its new life
             except BaseException:
                 conn.close()
                 raise
             self._conn = conn
         return self._conn.cursor()
+
+    def _confirm_commit(self, cur: Any) -> None:
+        """Raise StoreUnavailable when the commit just made may not be on a replica: it
+        applied here, and a failover to the replica would undo it, so whatever it took (a
+        range) is dropped, never served, as when a COMMIT fails."""
+        assert self._dialect.confirm_commit is not None
+        self._commit_mark, why = self._dialect.confirm_commit(cur, self._commit_mark)
+        if why is not None:
+            raise StoreUnavailable(
+                f"store {self.display_url}: {why}; not used (a failover could undo it)"
+            )
 
     def _check_primary(self, cur: Any) -> ReplicationState | None:
         """On every new connection: refuse a server that takes no writes (a standby, a
@@ -235,12 +264,16 @@ class SqlConnection(ForkAware):
             )
         if state.risk is None:
             return state
+        if state.degraded and not self._dialect.unsafe_replication:
+            raise StoreUnavailable(
+                f"store {self.display_url}: {state.risk} ({state.detail}); writes wait until "
+                "the replicas acknowledge again"
+            )
         if not self._dialect.unsafe_replication:
             raise InvalidArgument(
                 f"store {self.display_url}: {state.risk} ({state.detail}). Make every commit "
-                "wait for the standbys (synchronous_standby_names naming them, "
-                "synchronous_commit on: docs/stores.md), or accept the risk with "
-                f"?{UNSAFE_REPLICATION}=1 in the store URL"
+                f"wait for the replicas ({self._dialect.replication_hint}: docs/stores.md), "
+                f"or accept the risk with ?{UNSAFE_REPLICATION}=1 in the store URL"
             )
         with _warned_lock:
             if self.display_url in _warned:
@@ -382,6 +415,8 @@ class SqlConnection(ForkAware):
                 # If COMMIT fails the outcome is unknown: the caller gets an error and the
                 # result (a range, say) is dropped, never served.
                 cur.execute("COMMIT")
+                if self._confirming:
+                    self._confirm_commit(cur)
                 return result
             except IdmintError:
                 raise

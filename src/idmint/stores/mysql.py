@@ -15,7 +15,15 @@ from urllib.parse import unquote, urlsplit
 from .._errors import DriverMissing, InvalidArgument
 from ._sql import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
-from ._urls import ENCODE_HINT, misplaced_at, scrub
+from ._urls import ENCODE_HINT, misplaced_at, scrub, take_parameter
+from .replication import (
+    FAILOVER_GAP_PARAMETER,
+    UNSAFE_REPLICATION,
+    ReplicationState,
+    failover_gap,
+    mysql_state,
+    semi_sync_fields,
+)
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -47,6 +55,73 @@ def durability(cur: Any) -> str | None:
     return None if flush == 1 else f"MySQL runs with innodb_flush_log_at_trx_commit={flush}"
 
 
+# Replicas are the threads sending them the binary log (seen with the PROCESS privilege;
+# without it, none: the server looks standalone).
+MYSQL_QUERY = """
+SELECT @@read_only, @@server_id, {uuid},
+       (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%')
+"""
+
+
+def replication(cur: Any) -> ReplicationState:
+    """The server's role, lineage (MySQL's server_uuid, MariaDB's server_id), replicas and
+    semi-synchronous replication (see stores/replication.py)."""
+    cur.execute("SELECT VERSION()")
+    mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
+    cur.execute(MYSQL_QUERY.format(uuid="NULL" if mariadb else "@@server_uuid"))
+    row = tuple(cur.fetchone())
+    return mysql_state(row, _replica_threads(cur), _semi_sync(cur, "VARIABLES", "STATUS"))
+
+
+def _replica_threads(cur: Any) -> list[str]:
+    """The *_IO_Running and *_SQL_Running values of SHOW REPLICA STATUS (SHOW SLAVE STATUS
+    before MySQL 8.0.22 and MariaDB 10.5); none when the statement is refused (privileges)."""
+    import pymysql
+
+    for statement in ("SHOW REPLICA STATUS", "SHOW SLAVE STATUS"):
+        try:
+            cur.execute(statement)
+        except (pymysql.err.ProgrammingError, pymysql.err.OperationalError):
+            continue
+        names = [str(d[0]) for d in cur.description or ()]
+        return [
+            str(value)
+            for row in cur.fetchall()
+            for name, value in zip(names, row, strict=False)
+            if name.endswith(("_IO_Running", "_SQL_Running"))
+        ]
+    return []
+
+
+def _semi_sync(cur: Any, *kinds: str) -> dict[str, str]:
+    rows: list[tuple[str, str]] = []
+    for kind in kinds:
+        cur.execute(f"SHOW GLOBAL {kind} LIKE 'rpl_semi_sync_%'")
+        rows += [(str(name), str(value)) for name, value in cur.fetchall()]
+    return semi_sync_fields(rows)
+
+
+def confirm_commit(cur: Any, last: str | None) -> tuple[str | None, str | None]:
+    """After a commit on a primary with semi-synchronous replication enabled: why that
+    commit may not have reached a replica, or None. MySQL answers a commit no replica
+    acknowledged within rpl_semi_sync_master_timeout anyway, falls back to asynchronous
+    replication and counts it in Rpl_semi_sync_master_no_tx: so the status must be on and
+    the count as this connection last saw it (`last`). Returns the count and the why; with
+    `last` None (a new connection), (None, None) when semi-sync is not enabled: nothing to
+    confirm."""
+    kinds = ("STATUS",) if last is not None else ("VARIABLES", "STATUS")
+    fields = _semi_sync(cur, *kinds)
+    if last is None and fields.get("enabled") != "ON":
+        return None, None
+    no_tx = fields.get("no_tx", "")
+    why = None
+    if fields.get("status") != "ON":
+        why = "semi-synchronous replication has fallen back to asynchronous (status OFF)"
+    elif last is not None and no_tx != last:
+        why = f"commits went without a replica's acknowledgement (no_tx {last} -> {no_tx})"
+    return no_tx, why
+
+
 # Made before the common schema, whose CREATE TABLE IF NOT EXISTS then leaves it as it is. Cell
 # names compare byte for byte: the default collations ignore case, accents and trailing blanks,
 # which would make "k", "K" and "k " one cell. 1020 bytes: the 255 characters of the others.
@@ -69,6 +144,10 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
 
     if misplaced_at(url):
         raise InvalidArgument(f"bad MySQL URL {display_url!r}: {ENCODE_HINT}")
+    url, unsafe = take_parameter(url, UNSAFE_REPLICATION)
+    if unsafe not in (None, "0", "1"):
+        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {UNSAFE_REPLICATION} must be 1 or 0")
+    url, gap = take_parameter(url, FAILOVER_GAP_PARAMETER)
     parts = urlsplit(url)
     database = parts.path.lstrip("/")
     if not database or not parts.hostname:
@@ -108,6 +187,14 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         connect=connect,
         schema=(CREATE_TABLE, CREATE_WORKERS_TABLE, CREATE_CELLS_TABLE, CREATE_QUORUM_TABLE),
         durability=durability,
+        replication=replication,
+        unsafe_replication=unsafe == "1",
+        replication_hint=(
+            "semi-synchronous replication: rpl_semi_sync_master_enabled=ON on the primary, "
+            "rpl_semi_sync_slave_enabled=ON on every replica"
+        ),
+        failover_gap=failover_gap(gap, display_url),
+        confirm_commit=confirm_commit,
         now_ms="CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
         begin="START TRANSACTION",
         now="UTC_TIMESTAMP(6)",

@@ -209,6 +209,7 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         durability=durability,
         replication=replication,
         unsafe_replication=unsafe == "1",
+        replication_hint="synchronous_standby_names naming the standbys, synchronous_commit on",
         failover_gap=failover_gap(gap, display_url),
         # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
         # statement gets a little more, so that a lock wait is reported as one; a session

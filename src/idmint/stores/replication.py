@@ -85,6 +85,9 @@ class ReplicationState:
     replicas: int  # connected now
     waits_for: int  # replicas each acknowledged write has reached
     detail: str  # the engine's own words: settings and figures an operator can check
+    #: Writes are set to wait for the replicas but do not now (MySQL's semi-synchronous
+    #: replication fell back to asynchronous after a timeout): a passing state, not a setting.
+    degraded: bool = False
 
     @property
     def risk(self) -> str | None:
@@ -194,3 +197,56 @@ def _required(names: str) -> int:
     if words and is_digits(words[0]):
         return int(words[0])
     return 1
+
+
+def mysql_state(
+    row: tuple[Any, ...], replica_threads: list[str], semi_sync: dict[str, str]
+) -> ReplicationState:
+    """A MySQL or MariaDB server's replication from MYSQL_QUERY's row (read_only, server_id,
+    server_uuid or None on MariaDB, replicas connected), the values of its replication
+    threads' *_Running columns (SHOW REPLICA STATUS: empty when it replicates from nobody),
+    and its semi-synchronous replication status and settings (see semi_sync_fields)."""
+    read_only, server_id, server_uuid, replicas = row
+    running = [value for value in replica_threads if value.lower() == "yes"]
+    if running or str(read_only) in ("1", "ON"):
+        why = "replicating (SHOW REPLICA STATUS)" if running else "read_only"
+        return ReplicationState(REPLICA, None, 0, 0, why)
+    lineage = f"server_uuid {server_uuid}" if server_uuid else f"server_id {server_id}"
+    enabled = semi_sync.get("enabled") == "ON"
+    active = semi_sync.get("status") == "ON"
+    # MariaDB's semi-sync waits for one replica; MySQL's for wait_for_replica_count.
+    waits = int(semi_sync.get("wait_for_count") or 1) if active else 0
+    if not enabled:
+        detail = "semi-synchronous replication off"
+    elif active:
+        detail = f"semi-synchronous replication on (timeout {semi_sync.get('timeout', '?')} ms)"
+    else:
+        detail = "semi-synchronous replication enabled but fallen back to asynchronous"
+    return ReplicationState(
+        PRIMARY if int(replicas) else STANDALONE,
+        lineage,
+        int(replicas),
+        min(waits, int(replicas)),
+        f"{lineage}, {detail}, no_tx {semi_sync.get('no_tx', '?')}",
+        degraded=enabled and not active,
+    )
+
+
+def semi_sync_fields(rows: list[tuple[str, str]]) -> dict[str, str]:
+    """SHOW GLOBAL STATUS/VARIABLES LIKE 'rpl_semi_sync_%' rows, in both spellings (MySQL
+    8.0.26+ says source and replica, MariaDB and older MySQL master and slave): the primary's
+    enabled, timeout, wait_for_count (settings), status and no_tx (status)."""
+    fields = {}
+    for name, value in rows:
+        lowered = str(name).lower().replace("_source_", "_master_")
+        lowered = lowered.replace("wait_for_replica_count", "wait_for_slave_count")
+        for suffix, field_ in (
+            ("master_enabled", "enabled"),
+            ("master_timeout", "timeout"),
+            ("master_wait_for_slave_count", "wait_for_count"),
+            ("master_status", "status"),
+            ("master_no_tx", "no_tx"),
+        ):
+            if lowered == f"rpl_semi_sync_{suffix}":
+                fields[field_] = str(value).upper()
+    return fields
