@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -59,11 +60,42 @@ def test_postgres_replication_is_read_on_the_primary_and_the_standby() -> None:
         assert promoted.risk is None
 
 
-def test_a_synchronous_standby_is_waited_for() -> None:
-    with postgres_pair(synchronous=True) as (primary, _):
+def test_a_synchronous_standby_is_waited_for_and_a_cancelled_wait_is_not_served() -> None:
+    """A commit waits for the synchronous standby. With the standby cut off, cancelling the
+    waiting session (pg_cancel_backend: what a timeout or an operator does) makes PostgreSQL
+    answer the commit as done, with only a WARNING that it committed locally and may not be
+    on the standby. Before this change that range was served; now it is StoreUnavailable."""
+    with postgres_pair(synchronous=True) as (primary, standby):
         state = _replication(primary.url())
         assert (state.role, state.replicas, state.waits_for, state.risk) == (PRIMARY, 1, 1, None)
         assert "synchronous_standby_names='standby'" in state.detail
+        with idmint.connect(primary.url(), timeout=5) as minter:
+            minter.add_key("k", step=10)
+            minter.ranges.allocate("k")
+            standby.detach()
+            wait_until(lambda: not _standbys(primary), 30, "the standby to leave")
+
+            def cancel_the_wait() -> bool:
+                with psycopg.connect(primary.url(), autocommit=True) as conn:
+                    rows = conn.execute(
+                        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                        "WHERE wait_event = 'SyncRep'"
+                    ).fetchall()
+                return bool(rows)
+
+            canceller = threading.Thread(
+                target=wait_until, args=(cancel_the_wait, 10, "a commit waiting for the standby")
+            )
+            canceller.start()
+            with pytest.raises(StoreUnavailable, match="committed on the primary only"):
+                minter.ranges.allocate("k")
+            canceller.join()
+
+
+def _standbys(primary: Any) -> int:
+    with psycopg.connect(primary.url(), autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()
+    return int(row[0]) if row else 0
 
 
 def test_redis_writes_wait_for_the_replica_and_one_it_did_not_confirm_is_not_used() -> None:

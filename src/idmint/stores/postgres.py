@@ -62,6 +62,14 @@ class _BoundedConnection:
         # Our own handle on the socket: libpq may close its descriptor (on a broken connection)
         # while a deadline is armed, and the number could be reused by then.
         self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+        #: The server cancelled a commit's wait for the synchronous standbys (see
+        #: _BoundedCursor.execute) since this was last looked at.
+        self.wait_cancelled = False
+        conn.add_notice_handler(self._notice)
+
+    def _notice(self, diag: Any) -> None:
+        if "wait for synchronous replication" in (diag.message_primary or ""):
+            self.wait_cancelled = True
 
     def cursor(self) -> _BoundedCursor:
         return _BoundedCursor(self._conn.cursor(), self)
@@ -105,6 +113,17 @@ class _BoundedCursor:
             # now (the outcome of a COMMIT is then unknown, as for any lost connection) rather
             # than leave a dead connection for the next call on a healthy server.
             raise psycopg.OperationalError(f"no answer within {limit:g} s")
+        if self._bounded.wait_cancelled:
+            # PostgreSQL ends a commit's wait for the synchronous standbys when the session
+            # is cancelled (pg_cancel_backend, a timeout) and answers the commit as done,
+            # saying so only in a WARNING ("...committed locally, but might not have been
+            # replicated to the standby"). Its outcome is unknown to a failover: fail it, as a
+            # lost connection, so that nothing it took is served.
+            self._bounded.wait_cancelled = False
+            raise psycopg.OperationalError(
+                "the commit's wait for the synchronous standbys was cancelled: it committed "
+                "on the primary only"
+            )
         return self
 
     def __getattr__(self, name: str) -> Any:
