@@ -98,13 +98,15 @@ def _streaming(primary: PostgresServer) -> bool:
 
 
 @contextlib.contextmanager
-def redis_pair() -> Iterator[tuple[RedisServer, RedisServer]]:
-    """A Redis primary (appendfsync always) and a replica of it, the link up."""
-    primary = RedisServer()
+def redis_pair(*, link: str | None = None) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A Redis primary (appendfsync always) and a replica of it, the link up. `link`: a
+    loopback address the primary also listens on, which the replica follows it through (so
+    that harness.Partition.cut_address cuts the replication and nothing else)."""
+    primary = RedisServer(also=(link,) if link else ())
     replica: RedisServer | None = None
     try:
         primary.start()
-        replica = RedisServer(replica_of=(primary.host, primary.port))
+        replica = RedisServer(replica_of=(link or primary.host, primary.port))
         replica.start()
         link = replica.client()
         wait_until(

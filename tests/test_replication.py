@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,9 +17,11 @@ import pytest
 
 import idmint
 from idmint import InvalidArgument, StoreUnavailable
+from idmint.ids import is_digits
 from idmint.stores import open_engine
 from idmint.stores.replication import PRIMARY, STANDALONE
 
+from harness import Partition, Worker, duplicates
 from http_server import ServerProcess
 from replicated import (
     Forwarder,
@@ -308,3 +311,69 @@ def test_a_mariadb_failover_is_fenced_and_an_unacknowledged_commit_is_not_served
         assert "FAILOVER" in caplog.text and "server_id 2" in caplog.text
         assert newcomer.store_created_ms >= killed_ms
         caplog.clear()
+
+
+SEGMENT_WORKER = str(Path(__file__).with_name("worker.py"))
+FLAKE_WORKER = str(Path(__file__).with_name("flake_worker.py"))
+
+
+@pytest.mark.parametrize("unsafe", [False, True], ids=["default", "unsafe-gap-0"])
+def test_a_redis_failover_under_load_repeats_no_id(unsafe: bool, tmp_path: Path) -> None:
+    """The held-out shape: client processes (segment and snowflake) through a forwarder
+    standing in for a virtual IP, the replication link cut (iptables) while they run, the
+    primary killed -9 a second later, the replica promoted and the address moved to it. In
+    the default configuration no id repeats: what the primary took after the cut never
+    reached a client (WAIT failed), and the promoted replica is fenced before its first
+    write. The negative control (?unsafe_replication=1&failover_gap=0) repeats segment ids,
+    and the checker reports them. The failover is detected and logged in both."""
+    link = "127.0.0.41"  # the replica follows the primary on this address only: cut apart
+    params = "&unsafe_replication=1&failover_gap=0" if unsafe else ""
+    with (
+        redis_pair(link=link) as (primary, replica),
+        Forwarder(primary.port) as vip,
+        Partition() as cut,
+    ):
+        url = f"redis://127.0.0.1:{vip.port}/0?prefix=load{params}"
+        with idmint.connect(url) as minter:
+            minter.add_key("k", step=10)
+            minter.identity()
+        # A store made a minute ago: its first snowflake holders need not wait a ttl.
+        primary.client().hset("load:meta", "created_ms", int(time.time() * 1000) - 60_000)
+        workers = [
+            Worker(f"seg{n}", [SEGMENT_WORKER, url, "k", "0", "--small-steps"], directory=tmp_path)
+            for n in range(4)
+        ] + [
+            Worker(f"flake{n}", [FLAKE_WORKER, url, "ns", "2", "--hold", "1"], directory=tmp_path)
+            for n in range(2)
+        ]
+        try:
+            wait_until(lambda: all(w.text().strip() for w in workers), 20, "every worker's ids")
+            time.sleep(1.0)
+            cut.cut_address(link, primary.port)  # the link cut: the replica gets no more
+            time.sleep(1.0)
+            primary.kill()
+            replica.client().replicaof("NO", "ONE")
+            vip.target = replica.port  # the virtual IP moves; clients reconnect to it
+            moved = {w.name: len(w.text()) for w in workers}
+            wait_until(
+                lambda: all(len(w.text()) > moved[w.name] for w in workers[:4]),
+                20,
+                "every segment worker's ids from the promoted replica",
+            )
+            time.sleep(1.0)
+        finally:
+            for w in workers:
+                w.stop()
+    segment = [int(line) for w in workers[:4] for line in w.text().splitlines() if is_digits(line)]
+    flakes = [
+        int(i)
+        for w in workers[4:]
+        for line in w.text().splitlines()
+        if line.startswith("I ")
+        for i in line.split()[1:]
+    ]
+    assert segment and flakes
+    repeated = duplicates(segment)
+    assert bool(repeated) == unsafe, repeated[:10]
+    assert not duplicates(flakes)
+    assert any("FAILOVER" in w.text() for w in workers)
