@@ -27,8 +27,9 @@ class PostgresStandby(PostgresServer):
 
     kind = "PostgreSQL standby"
 
-    def __init__(self, primary: PostgresServer, **kwargs: object) -> None:
+    def __init__(self, primary: PostgresServer, host: str = LOOPBACK, **kwargs: object) -> None:
         self.primary = primary
+        self.primary_host = host  # the address it follows the primary through
         super().__init__(**kwargs)  # type: ignore[arg-type]
 
     def _initialize(self) -> None:
@@ -40,7 +41,8 @@ class PostgresStandby(PostgresServer):
                 "-d",
                 # application_name lands in primary_conninfo: the name the primary's
                 # synchronous_standby_names and pg_stat_replication know it by
-                f"host={LOOPBACK} port={self.primary.port} user=postgres application_name=standby",
+                f"host={self.primary_host} port={self.primary.port} user=postgres "
+                "application_name=standby",
                 "-R",  # standby.signal and primary_conninfo: it follows the primary
                 "-X",
                 "stream",
@@ -69,17 +71,24 @@ class PostgresStandby(PostgresServer):
 
 
 @contextlib.contextmanager
-def postgres_pair(*, synchronous: bool) -> Iterator[tuple[PostgresServer, PostgresStandby]]:
+def postgres_pair(
+    *, synchronous: bool, link: str | None = None
+) -> Iterator[tuple[PostgresServer, PostgresStandby]]:
     """A primary and its streaming standby, running; with `synchronous`, every commit waits
-    for the standby (synchronous_standby_names names it)."""
+    for the standby (synchronous_standby_names names it). `link`: a loopback address the
+    primary also listens on, which the standby follows it through (see redis_pair)."""
     settings = {"wal_level": "replica", "max_wal_senders": "5"}
+    if link:
+        settings["listen_addresses"] = f"{LOOPBACK},{link}"
     if synchronous:
         settings["synchronous_standby_names"] = "standby"
     primary = PostgresServer(extra_settings=settings)
     standby: PostgresStandby | None = None
     try:
         primary.start()
-        standby = PostgresStandby(primary, extra_settings={"hot_standby": "on"})
+        standby = PostgresStandby(
+            primary, host=link or LOOPBACK, extra_settings={"hot_standby": "on"}
+        )
         standby.start()
         wait_until(lambda: _streaming(primary), 30, "the standby to stream")
         yield primary, standby
@@ -108,13 +117,13 @@ def redis_pair(*, link: str | None = None) -> Iterator[tuple[RedisServer, RedisS
         primary.start()
         replica = RedisServer(replica_of=(link or primary.host, primary.port))
         replica.start()
-        link = replica.client()
+        client = replica.client()
         wait_until(
-            lambda: link.info("replication").get("master_link_status") == "up",
+            lambda: client.info("replication").get("master_link_status") == "up",
             30,
             "the replica to sync",
         )
-        link.close()
+        client.close()
         yield primary, replica
     finally:
         if replica is not None:

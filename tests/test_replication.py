@@ -3,11 +3,14 @@ set up with the engines' own tools on loopback (tests/replicated.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,32 +142,33 @@ def test_a_postgres_failover_is_fenced_before_a_range_is_served(
     hands out a range, the primary killed -9, the standby promoted without that range. On
     main the promoted standby handed the range out again (179,995 ids twice in the held-out
     run). Now the first connection to the new primary sees another lineage (timeline 2) and
-    moves every key past the lost ranges before anything is served; with the gap set to 0 (a
-    deliberately unsafe setting) the same run repeats the range, and the check catches it."""
-    for gap, repeats in ((0, True), (None, False)):
-        with postgres_pair(synchronous=False) as (primary, standby):
-            hosts = f"127.0.0.1:{primary.port},127.0.0.1:{standby.port}"
-            url = (
-                f"postgresql://postgres@{hosts}/postgres"
-                "?target_session_attrs=read-write&unsafe_replication=1"
-            ) + ("" if gap is None else f"&failover_gap={gap}")
-            with idmint.connect(url, timeout=3) as minter:
-                minter.add_key("k", step=10)
-                before = minter.ranges.allocate("k").range
-            wait_until(lambda: _replayed(standby), 30, "the standby to replay the first range")
-            standby.detach()  # the link cut: what follows never reaches it
-            with idmint.connect(url, timeout=3) as minter:
-                lost = minter.ranges.allocate("k").range
-            primary.kill()
-            standby.promote()
-            wait_until(lambda: not standby.in_recovery(), 30, "the promotion")
-            with caplog.at_level(logging.ERROR), idmint.connect(url, timeout=3) as minter:
-                after = minter.ranges.allocate("k").range
-        assert before.stop <= lost.start
-        overlap = after.start < lost.stop
-        assert overlap == repeats, (gap, before, lost, after)
-        if not repeats:
-            assert "FAILOVER" in caplog.text and "timeline 2" in caplog.text
+    moves every key past the lost ranges before anything is served. (The negative control,
+    the gap at 0, is in test_a_failover_under_load_repeats_no_id.) A multi-host URL with
+    target_session_attrs=read-write follows the primary by itself."""
+    with postgres_pair(synchronous=False) as (primary, standby):
+        hosts = f"127.0.0.1:{primary.port},127.0.0.1:{standby.port}"
+        url = (
+            f"postgresql://postgres@{hosts}/postgres"
+            "?target_session_attrs=read-write&unsafe_replication=1"
+        )
+        with idmint.connect(url, timeout=3) as minter:
+            minter.add_key("k", step=10)
+            before = minter.ranges.allocate("k").range
+        wait_until(lambda: _replayed(standby), 30, "the standby to replay the first range")
+        standby.detach()  # the link cut: what follows never reaches it
+        with idmint.connect(url, timeout=3) as minter:
+            lost = minter.ranges.allocate("k").range
+        _lease(url)
+        primary.kill()
+        killed_ms = time.time() * 1000
+        standby.promote()
+        wait_until(lambda: not standby.in_recovery(), 30, "the promotion")
+        with caplog.at_level(logging.ERROR), idmint.connect(url, timeout=3) as minter:
+            after = minter.ranges.allocate("k").range
+        newcomer = _lease(url)
+    assert before.stop <= lost.start < lost.stop <= after.start, (before, lost, after)
+    assert "FAILOVER" in caplog.text and "timeline 2" in caplog.text
+    assert newcomer.store_created_ms >= killed_ms  # a new life: the holder waits a ttl
 
 
 def _replayed(standby: PostgresStandby) -> bool:
@@ -191,36 +195,32 @@ def test_a_redis_failover_is_fenced_before_a_range_or_a_lease_is_served(
     killed -9. On main the promoted replica handed the range out again. Now the first write on
     it meets another replication id after writes made with a replica: it moves every key past
     the lost ranges and starts the store's life again (a new snowflake holder waits a ttl)
-    before anything is written; with the gap at 0 (a deliberately unsafe setting) the range
-    repeats, and the check catches it."""
-    for gap, repeats in ((0, True), (None, False)):
-        params = "&unsafe_replication=1" + ("" if gap is None else f"&failover_gap={gap}")
-        with redis_pair() as (primary, replica):
-            url = primary.store_url("fo") + params
-            with idmint.connect(url, timeout=2) as minter:
-                minter.add_key("k", step=10)
-                before = minter.ranges.allocate("k").range
-            assert primary.client().wait(1, 5000) == 1  # the replica has the first range
-            replica.client().replicaof("NO", "ONE")  # the cut: promoted, it takes no more
-            wait_until(
-                lambda: primary.client().info("replication")["connected_slaves"] == 0,
-                10,
-                "the replica to leave",
-            )
-            with idmint.connect(url, timeout=2) as minter:
-                lost = minter.ranges.allocate("k").range
-            _lease(url)
-            primary.kill()
-            killed_ms = time.time() * 1000
-            moved = replica.store_url("fo") + params
-            with caplog.at_level(logging.ERROR), idmint.connect(moved, timeout=2) as minter:
-                after = minter.ranges.allocate("k").range
-            newcomer = _lease(moved)
-        assert before.stop <= lost.start
-        assert (after.start < lost.stop) == repeats, (gap, before, lost, after)
-        assert "FAILOVER" in caplog.text  # detected whatever the gap
-        assert newcomer.store_created_ms >= killed_ms  # a new life: the holder waits a ttl
-        caplog.clear()
+    before anything is written. (The negative control, the gap at 0, is in
+    test_a_failover_under_load_repeats_no_id.)"""
+    with redis_pair() as (primary, replica):
+        url = primary.store_url("fo") + "&unsafe_replication=1"
+        with idmint.connect(url, timeout=2) as minter:
+            minter.add_key("k", step=10)
+            before = minter.ranges.allocate("k").range
+        assert primary.client().wait(1, 5000) == 1  # the replica has the first range
+        replica.client().replicaof("NO", "ONE")  # the cut: promoted, it takes no more
+        wait_until(
+            lambda: primary.client().info("replication")["connected_slaves"] == 0,
+            10,
+            "the replica to leave",
+        )
+        with idmint.connect(url, timeout=2) as minter:
+            lost = minter.ranges.allocate("k").range
+        _lease(url)
+        primary.kill()
+        killed_ms = time.time() * 1000
+        moved = replica.store_url("fo") + "&unsafe_replication=1"
+        with caplog.at_level(logging.ERROR), idmint.connect(moved, timeout=2) as minter:
+            after = minter.ranges.allocate("k").range
+        newcomer = _lease(moved)
+    assert before.stop <= lost.start < lost.stop <= after.start, (before, lost, after)
+    assert "FAILOVER" in caplog.text
+    assert newcomer.store_created_ms >= killed_ms  # a new life: the holder waits a ttl
 
 
 def test_replication_and_failovers_show_in_init_stats_readyz_and_metrics() -> None:
@@ -317,47 +317,109 @@ SEGMENT_WORKER = str(Path(__file__).with_name("worker.py"))
 FLAKE_WORKER = str(Path(__file__).with_name("flake_worker.py"))
 
 
-@pytest.mark.parametrize("unsafe", [False, True], ids=["default", "unsafe-gap-0"])
-def test_a_redis_failover_under_load_repeats_no_id(unsafe: bool, tmp_path: Path) -> None:
-    """The held-out shape: client processes (segment and snowflake) through a forwarder
-    standing in for a virtual IP, the replication link cut (iptables) while they run, the
-    primary killed -9 a second later, the replica promoted and the address moved to it. In
-    the default configuration no id repeats: what the primary took after the cut never
-    reached a client (WAIT failed), and the promoted replica is fenced before its first
-    write. The negative control (?unsafe_replication=1&failover_gap=0) repeats segment ids,
-    and the checker reports them. The failover is detected and logged in both."""
+@dataclass
+class Rig:
+    """A replicated store under test: the URL clients use (through the virtual IP), and how
+    to age the store, cut the replication link and fail over."""
+
+    url: str
+    age: Callable[[], None]  # make the store a minute old (snowflake holders need not wait)
+    cut: Callable[[], None]  # the replication link cut: the replica gets no more
+    fail_over: Callable[[], None]  # the primary killed -9, the replica promoted, the IP moved
+
+
+@contextlib.contextmanager
+def redis_rig(unsafe: bool) -> Iterator[Rig]:
     link = "127.0.0.41"  # the replica follows the primary on this address only: cut apart
     params = "&unsafe_replication=1&failover_gap=0" if unsafe else ""
     with (
         redis_pair(link=link) as (primary, replica),
         Forwarder(primary.port) as vip,
-        Partition() as cut,
+        Partition() as partition,
     ):
-        url = f"redis://127.0.0.1:{vip.port}/0?prefix=load{params}"
-        with idmint.connect(url) as minter:
+
+        def age() -> None:
+            primary.client().hset("load:meta", "created_ms", int(time.time() * 1000) - 60_000)
+
+        def fail_over() -> None:
+            primary.kill()
+            replica.client().replicaof("NO", "ONE")
+            vip.target = replica.port
+
+        yield Rig(
+            f"redis://127.0.0.1:{vip.port}/0?prefix=load{params}",
+            age,
+            lambda: partition.cut_address(link, primary.port),
+            fail_over,
+        )
+
+
+@contextlib.contextmanager
+def postgres_rig(unsafe: bool) -> Iterator[Rig]:
+    """The default: a synchronous standby. The negative control: an asynchronous one, and
+    the URL accepting it with no gap."""
+    link = "127.0.0.42"
+    params = "&unsafe_replication=1&failover_gap=0" if unsafe else ""
+    with (
+        postgres_pair(synchronous=not unsafe, link=link) as (primary, standby),
+        Forwarder(primary.port) as vip,
+        Partition() as partition,
+    ):
+
+        def age() -> None:
+            with psycopg.connect(primary.url(), autocommit=True) as conn:
+                conn.execute(
+                    "UPDATE idmint_meta SET created_ms = created_ms - 60000 WHERE name = 'store'"
+                )
+
+        def fail_over() -> None:
+            primary.kill()
+            standby.promote()
+            vip.target = standby.port
+
+        yield Rig(
+            f"postgresql://postgres@127.0.0.1:{vip.port}/postgres?connect_timeout=2{params}",
+            age,
+            lambda: partition.cut_address(link, primary.port),
+            fail_over,
+        )
+
+
+@pytest.mark.parametrize(
+    ("rig", "unsafe"),
+    [(redis_rig, False), (redis_rig, True), (postgres_rig, False), (postgres_rig, True)],
+    ids=["redis-default", "redis-unsafe-gap-0", "postgres-default", "postgres-unsafe-gap-0"],
+)
+def test_a_failover_under_load_repeats_no_id(
+    rig: Callable[[bool], contextlib.AbstractContextManager[Rig]], unsafe: bool, tmp_path: Path
+) -> None:
+    """The held-out shape: client processes (segment and snowflake) through a forwarder
+    standing in for a virtual IP, the replication link cut (iptables) while they run, the
+    primary killed -9 a second later, the replica promoted and the address moved to it. In
+    the default configuration no id repeats: what the primary took after the cut never
+    reached a client (the write waited for the replica in vain), and the promoted replica is
+    fenced before its first write. The negative control (an unwaited replica accepted,
+    failover_gap=0) repeats segment ids, and the checker reports them. The failover is
+    detected and logged in both."""
+    with rig(unsafe) as store:
+        with idmint.connect(store.url) as minter:
             minter.add_key("k", step=10)
             minter.identity()
-        # A store made a minute ago: its first snowflake holders need not wait a ttl.
-        primary.client().hset("load:meta", "created_ms", int(time.time() * 1000) - 60_000)
-        workers = [
-            Worker(f"seg{n}", [SEGMENT_WORKER, url, "k", "0", "--small-steps"], directory=tmp_path)
-            for n in range(4)
-        ] + [
-            Worker(f"flake{n}", [FLAKE_WORKER, url, "ns", "2", "--hold", "1"], directory=tmp_path)
-            for n in range(2)
-        ]
+        store.age()
+        segment_args = [SEGMENT_WORKER, store.url, "k", "0", "--small-steps"]
+        flake_args = [FLAKE_WORKER, store.url, "ns", "2", "--hold", "1"]
+        workers = [Worker(f"seg{n}", segment_args, directory=tmp_path) for n in range(4)]
+        workers += [Worker(f"flake{n}", flake_args, directory=tmp_path) for n in range(2)]
         try:
             wait_until(lambda: all(w.text().strip() for w in workers), 20, "every worker's ids")
             time.sleep(1.0)
-            cut.cut_address(link, primary.port)  # the link cut: the replica gets no more
+            store.cut()
             time.sleep(1.0)
-            primary.kill()
-            replica.client().replicaof("NO", "ONE")
-            vip.target = replica.port  # the virtual IP moves; clients reconnect to it
+            store.fail_over()
             moved = {w.name: len(w.text()) for w in workers}
             wait_until(
                 lambda: all(len(w.text()) > moved[w.name] for w in workers[:4]),
-                20,
+                30,
                 "every segment worker's ids from the promoted replica",
             )
             time.sleep(1.0)
