@@ -36,18 +36,7 @@ from typing import Any
 
 import idmint
 
-
-def progress(label: str, done: int, total: int) -> None:
-    """A one-line progress bar on stderr (the result goes to stdout)."""
-    width = 30
-    filled = width * done // max(total, 1)
-    end = "\n" if done >= total else ""
-    print(
-        f"\r{label:<14} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
-        end=end,
-        file=sys.stderr,
-        flush=True,
-    )
+from report import progress
 
 
 def make_store(path: Path, keys: int) -> str:

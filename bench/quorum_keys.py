@@ -37,16 +37,9 @@ import httpx
 
 import idmint
 
+from report import progress
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def progress(label: str, done: int, total: int) -> None:
-    """A one-line progress bar on stderr (the result goes to stdout)."""
-    width = 30
-    filled = width * done // max(total, 1)
-    end = "\n" if done >= total else ""
-    bar = "#" * filled + "." * (width - filled)
-    print(f"\r{label:<14} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
 
 
 def usage(pid: int) -> dict[str, float]:

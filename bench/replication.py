@@ -37,6 +37,8 @@ from typing import Any
 
 import idmint
 
+from report import progress
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 100  # allocations per block; the modes alternate block by block
 HOT_CALLS = 300_000
@@ -131,15 +133,6 @@ def measure_engine(engine: str, allocations: int) -> dict[str, Any]:
         "next_id_ns_none": round(hot["none"], 1),
         "hot_ratio": round(hot["safe"] / hot["none"], 3),
     }
-
-
-def progress(label: str, done: int, total: int) -> None:
-    """A one-line progress bar on stderr (the result goes to stdout)."""
-    width = 30
-    filled = width * done // max(total, 1)
-    end = "\n" if done >= total else ""
-    bar = "#" * filled + "." * (width - filled)
-    print(f"\r{label:<12} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
 
 
 def main() -> None:

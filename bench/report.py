@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 
@@ -11,3 +12,12 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(result), flush=True)
     else:
         print(" ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+
+
+def progress(label: str, done: int, total: int) -> None:
+    """A one-line progress bar on stderr (the result goes to stdout)."""
+    width = 30
+    filled = width * done // max(total, 1)
+    end = "\n" if done >= total else ""
+    bar = "#" * filled + "." * (width - filled)
+    print(f"\r{label:<14} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
