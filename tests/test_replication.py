@@ -136,7 +136,7 @@ def test_redis_writes_wait_for_the_replica_and_one_it_did_not_confirm_is_not_use
 
 
 def test_a_postgres_failover_is_fenced_before_a_range_is_served(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """The worst case the opt-in allows: an asynchronous standby cut off while the primary
     hands out a range, the primary killed -9, the standby promoted without that range. On
@@ -151,13 +151,20 @@ def test_a_postgres_failover_is_fenced_before_a_range_is_served(
             f"postgresql://postgres@{hosts}/postgres"
             "?target_session_attrs=read-write&unsafe_replication=1"
         )
+        global_url = f"sqlite:///{tmp_path}/global.db"  # a datacenter key kept here too
+        with idmint.connect(global_url) as minter:
+            minter.add_datacenter_key("d", step=10)
         with idmint.connect(url, timeout=3) as minter:
             minter.add_key("k", step=10)
             before = minter.ranges.allocate("k").range
+        with idmint.connect(global_url, dc="eu", dc_store=url) as minter:
+            dc_before = minter.take("d", 10)
         wait_until(lambda: _replayed(standby), 30, "the standby to replay the first range")
         standby.detach()  # the link cut: what follows never reaches it
         with idmint.connect(url, timeout=3) as minter:
             lost = minter.ranges.allocate("k").range
+        with idmint.connect(global_url, dc="eu", dc_store=url) as minter:
+            dc_lost = minter.take("d", 10)
         _lease(url)
         primary.kill()
         killed_ms = time.time() * 1000
@@ -165,8 +172,11 @@ def test_a_postgres_failover_is_fenced_before_a_range_is_served(
         wait_until(lambda: not standby.in_recovery(), 30, "the promotion")
         with caplog.at_level(logging.ERROR), idmint.connect(url, timeout=3) as minter:
             after = minter.ranges.allocate("k").range
+        with idmint.connect(global_url, dc="eu", dc_store=url) as minter:
+            dc_after = minter.take("d", 10)
         newcomer = _lease(url)
     assert before.stop <= lost.start < lost.stop <= after.start, (before, lost, after)
+    assert dc_before.stop <= dc_lost.start < dc_lost.stop <= dc_after.start
     assert "FAILOVER" in caplog.text and "timeline 2" in caplog.text
     assert newcomer.store_created_ms >= killed_ms  # a new life: the holder waits a ttl
 
@@ -439,3 +449,35 @@ def test_a_failover_under_load_repeats_no_id(
     assert bool(repeated) == unsafe, repeated[:10]
     assert not duplicates(flakes)
     assert any("FAILOVER" in w.text() for w in workers)
+
+
+def test_a_datacenter_keys_cells_are_fenced_too(tmp_path: Path) -> None:
+    """A datacenter whose own store is a replicated Redis (writes not waited for: the
+    opt-in), its replica cut off and promoted while the datacenter hands out ids the replica
+    never gets, the primary killed -9. The fence moves the datacenter's cell (and any global
+    cell there) up the gap like a segment key's: the ids are not handed out again. With the
+    gap at 0 (the negative control) they are, and the check catches it."""
+    for gap, repeats in ((0, True), (None, False)):
+        with redis_pair() as (primary, replica):
+            global_url = f"sqlite:///{tmp_path}/global-{gap}.db"
+            params = "&unsafe_replication=1" + ("" if gap is None else f"&failover_gap={gap}")
+            with idmint.connect(global_url) as minter:
+                minter.add_datacenter_key("k", step=10)
+            local = primary.store_url("dc") + params
+            with idmint.connect(global_url, dc="eu", dc_store=local) as minter:
+                before = minter.take("k", 10)
+            assert primary.client().wait(1, 5000) == 1  # the replica has it
+            replica.client().replicaof("NO", "ONE")  # the cut: promoted, it takes no more
+            wait_until(
+                lambda: primary.client().info("replication")["connected_slaves"] == 0,
+                10,
+                "the replica to leave",
+            )
+            with idmint.connect(global_url, dc="eu", dc_store=local) as minter:
+                lost = minter.take("k", 10)
+            primary.kill()
+            moved = replica.store_url("dc") + params
+            with idmint.connect(global_url, dc="eu", dc_store=moved) as minter:
+                after = minter.take("k", 10)
+        assert before.stop <= lost.start
+        assert (after.start < lost.stop) == repeats, (gap, before, lost, after)

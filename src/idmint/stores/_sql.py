@@ -30,6 +30,7 @@ from ..ids import (
     raised_floor,
     stripe_row,
 )
+from . import fences
 from .base import StoreIdentity
 from .replication import (
     FAILOVER_GAP,
@@ -238,6 +239,12 @@ class SqlConnection(ForkAware):
             self._conn = conn
         return self._conn.cursor()
 
+    def _confirm_write(self, cur: Any) -> None:
+        """After a write committed on its own (autocommit): confirm it as a transaction's
+        commit is (see _confirm_commit)."""
+        if self._confirming:
+            self._confirm_commit(cur)
+
     def _confirm_commit(self, cur: Any) -> None:
         """Raise StoreUnavailable when the commit just made may not be on a replica: it
         applied here, and a failover to the replica would undo it, so whatever it took (a
@@ -316,6 +323,7 @@ class SqlConnection(ForkAware):
                     f"(max_id, {least}(max_id + {p} * stripes, last_id + 1))",
                     (self._dialect.failover_gap,),
                 )
+            self._fence_cells(cur)
             # The store's life starts again: snowflake holders wait a ttl past it (the old
             # primary may have renewed leases the new one never saw, or made new ones).
             cur.execute(
@@ -338,6 +346,22 @@ class SqlConnection(ForkAware):
         )
         note_failover(self.display_url, recorded, lineage)
         return True
+
+    def _fence_cells(self, cur: Any) -> None:
+        """Inside the fence's transaction: every counter kept in a compare-and-set cell
+        (datacenter keys, segment keys over cells: stores/fences.py) moved up the gap."""
+        p, gap = self._dialect.param, self._dialect.failover_gap
+        if not gap:
+            return
+        cur.execute(f"SELECT name, value FROM {CELLS_TABLE}")
+        for raw, value in cur.fetchall():
+            name = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
+            up = fences.fenced(name, str(value), gap)
+            if up is not None and up != value:
+                cur.execute(
+                    f"UPDATE {CELLS_TABLE} SET value = {p}, version = version + 1 WHERE name = {p}",
+                    (up, raw),
+                )
 
     @staticmethod
     def _add_columns(cur: Any) -> None:

@@ -43,6 +43,7 @@ class SqlCasStore(SqlConnection):
     def create(self, key: str, value: str) -> bool:
         def body(cur: Any) -> bool:
             cur.execute(self._create, (key, value))
+            self._confirm_write(cur)
             return True
 
         try:
@@ -53,7 +54,10 @@ class SqlCasStore(SqlConnection):
     def swap(self, key: str, version: int, value: str) -> bool:
         def body(cur: Any) -> bool:
             cur.execute(self._swap, (value, key, version))
-            return bool(cur.rowcount == 1)
+            done = bool(cur.rowcount == 1)
+            if done:
+                self._confirm_write(cur)
+            return done
 
         return self._run(body, transaction=False)
 

@@ -36,6 +36,7 @@ from ..ids import (
     raised_floor,
     stripe_row,
 )
+from . import fences
 from .base import CasStore, StoreIdentity
 
 T = TypeVar("T")
@@ -121,7 +122,7 @@ def cas_update(
         wait()
 
 
-def fenced_value(cell: str, value: str, gap: int) -> str:
+def _fenced(cell: str, value: str, gap: int) -> str:
     """A key cell's value (`cell` is under KEY_PREFIX) moved up `gap` ids of its stripe for
     a failover's fence: past every range a promoted replica may lack. Never past one above
     the key's last id (a bounded key may end spent), never down. Every other field is kept as
@@ -131,6 +132,9 @@ def fenced_value(cell: str, value: str, gap: int) -> str:
     moved = min(top + gap * int(row.get("stripes") or 1), int(row["last_id"]) + 1)
     row["max_id"] = max(top, moved)
     return json.dumps(row, separators=(",", ":"))
+
+
+fences.register(KEY_PREFIX, _fenced)
 
 
 @dataclass

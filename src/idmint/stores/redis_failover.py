@@ -21,11 +21,11 @@ The guard answers:
 - another replid after writes made with replicas: a failover (or a restart of a replicated
   primary: the two look alike, and fencing a restart only costs a gap). Nothing is written;
   the process that sees it fences the prefix (`RedisFailover.fence`), under a lock key, with
-  scripts that bypass the guard: every segment key (and stripe) moves up the gap, the store's
-  life starts again (its identity's created_ms: snowflake holders wait a ttl past it, as on a
-  store that lost its data), and only then is the new
-  replid recorded, which lets writes through again. A fence cut short is redone whole by the
-  next process (keys then skip two gaps: never fewer).
+  scripts that bypass the guard: every counter kept in a cell (segment keys and their
+  stripes, datacenter keys: stores/fences.py) moves up the gap, the store's life starts again
+  (its identity's created_ms: snowflake holders wait a ttl past it, as on a store that lost
+  its data), and only then is the new replid recorded, which lets writes through again. A
+  fence cut short is redone whole by the next process (keys then skip two gaps: never fewer).
 
 Since every served write waited for the replicas, a promoted replica lacks none of them: the
 fence is the second line, for what waits cannot cover (`?unsafe_replication=1`, which skips
@@ -43,7 +43,7 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from .._errors import StoreUnavailable
-from .cas_ranges import KEY_PREFIX, fenced_value
+from . import fences
 from .replication import note_failover
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ class RedisFailover:
                 f"store {self.display_url}: another process is fencing a failover; try again"
             )
         try:
-            keys = self._fence_keys()
+            keys = self._fence_cells()
             # The store's life starts again: snowflake holders wait a ttl past it (the old
             # primary may have renewed leases the new one never saw, or made new ones).
             self._call(partial(self._new_life, keys=[f"{self._prefix}:meta"], args=[]))
@@ -243,21 +243,29 @@ class RedisFailover:
         )
         note_failover(self.display_url, recorded, current)
 
-    def _fence_keys(self) -> int:
-        """Every segment key's cell (each stripe's) moved up the gap; how many."""
+    def _fence_cells(self) -> int:
+        """Every cell holding a counter (stores/fences.py: segment and datacenter keys) moved
+        up the gap; how many."""
         if not self._gap:
             return 0
-        low, high = "[" + KEY_PREFIX, "(" + KEY_PREFIX + "\xff"
-        names = self._call(lambda: self._client.zrangebylex(f"{self._prefix}:cells", low, high))
-        for name in names:
-            cell = f"{self._prefix}:c:{name}"
-            for _ in range(10):  # only another fencer (past the lock's time) swaps meanwhile
-                value, version = self._call(partial(self._client.hmget, cell, "value", "version"))
-                if value is None or version is None:
-                    break
-                moved = fenced_value(name, value, self._gap)
-                if self._call(partial(self._swap, keys=[cell], args=[version, moved])):
-                    break
-            else:
-                raise StoreUnavailable(f"store {self.display_url}: could not fence {name!r}")
-        return len(names)
+        moved = 0
+        for prefix in fences.prefixes():
+            low, high = "[" + prefix, "(" + prefix + "\xff"
+            index = f"{self._prefix}:cells"
+            names = self._call(partial(self._client.zrangebylex, index, low, high))
+            for name in names:
+                moved += self._fence_cell(name)
+        return moved
+
+    def _fence_cell(self, name: str) -> int:
+        cell = f"{self._prefix}:c:{name}"
+        for _ in range(10):  # only another fencer (past the lock's time) swaps meanwhile
+            value, version = self._call(partial(self._client.hmget, cell, "value", "version"))
+            if value is None or version is None:
+                return 0
+            up = fences.fenced(name, value, self._gap)
+            if up is None or up == value:
+                return 0
+            if self._call(partial(self._swap, keys=[cell], args=[version, up])):
+                return 1
+        raise StoreUnavailable(f"store {self.display_url}: could not fence {name!r}")

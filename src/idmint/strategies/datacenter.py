@@ -63,6 +63,7 @@ from .._errors import (
 )
 from .._fork import ForkAware
 from ..ids import DEFAULT_FIRST_ID, Allocation, Key, Range
+from ..stores import fences
 from ..stores.base import CasStore, StoreIdentity
 from ..stores.cas_ranges import Backoff, cas_update
 from .refills import RefillPool, shared_pool
@@ -101,6 +102,21 @@ def global_cell(name: str) -> str:
 
 def local_cell(name: str, dc: str) -> str:
     return f"{PREFIX}{name}@{dc}"
+
+
+def _fenced(cell: str, value: str, gap: int) -> str:
+    """A cell moved up `gap` ids for a failover's fence (stores/fences.py): a global cell's
+    `next` (never past one above the key's last id), a datacenter's `next` within the
+    reservation it serves (never past its end: the datacenter then serves its preloaded
+    range or asks the global level for more). Never down; every other field as written."""
+    row = json.loads(value)
+    top = int(row["next"])
+    end = int(row["stop"]) if "@" in cell else int(row["last_id"]) + 1
+    row["next"] = max(top, min(top + gap, end))
+    return json.dumps(row, separators=(",", ":"), sort_keys=True)
+
+
+fences.register(PREFIX, _fenced)
 
 
 # -- the cells -------------------------------------------------------------------------------
