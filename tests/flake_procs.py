@@ -45,10 +45,19 @@ OUTPUTS: dict[int, Path] = {}
 
 def wait_for_ids(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """Until the process has issued ids (a new store makes its first holder wait a ttl)."""
+    wait_for_line(proc, "I", "the process issued no ids", timeout)
+
+
+def wait_for_lease(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Until the process holds a lease (it may still wait before its first id)."""
+    wait_for_line(proc, "L", "the process took no lease", timeout)
+
+
+def wait_for_line(proc: subprocess.Popen[bytes], kind: str, what: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while b"\nI " not in b"\n" + OUTPUTS[proc.pid].read_bytes():
+    while f"\n{kind} ".encode() not in b"\n" + OUTPUTS[proc.pid].read_bytes():
         assert proc.poll() is None, OUTPUTS[proc.pid].read_text()[-2000:]
-        assert time.monotonic() < deadline, "the process issued no ids"
+        assert time.monotonic() < deadline, what
         time.sleep(0.1)
 
 

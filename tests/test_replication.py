@@ -422,7 +422,7 @@ def test_a_failover_under_load_repeats_no_id(
         workers += [Worker(f"flake{n}", flake_args, directory=tmp_path) for n in range(2)]
         try:
             wait_until(lambda: all(w.text().strip() for w in workers), 20, "every worker's ids")
-            time.sleep(1.0)
+            time.sleep(0.5)
             store.cut()
             time.sleep(1.0)
             store.fail_over()
@@ -432,7 +432,7 @@ def test_a_failover_under_load_repeats_no_id(
                 30,
                 "every segment worker's ids from the promoted replica",
             )
-            time.sleep(1.0)
+            time.sleep(0.5)
         finally:
             for w in workers:
                 w.stop()

@@ -14,7 +14,14 @@ import pytest
 
 from checks import assert_unique
 from conftest import SHARED_LEASE_STORES, fresh_store_url
-from flake_procs import assert_no_two_holders, kill_left, read, start, wait_for_ids
+from flake_procs import (
+    assert_no_two_holders,
+    kill_left,
+    read,
+    start,
+    wait_for_ids,
+    wait_for_lease,
+)
 
 
 def idmint_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -33,7 +40,10 @@ def test_static_and_leased_workers_share_a_store(
     holder = start(url, "mixed", ttl, hold=600, exact=True, extra=static)
     leased: list[subprocess.Popen[bytes]] = []
     try:
-        wait_for_ids(holder)
+        wait_for_lease(holder)
+        # Eight leased processes on the eight worker ids of the test layout: none may get 0.
+        # Started now, they wait out the new store's first ttl with the static holder.
+        leased += [start(url, "mixed", ttl, hold=1.0) for _ in range(8)]
 
         # The same static id from another process with its own state file: refused, no ids.
         second = idmint_cli(
@@ -44,9 +54,8 @@ def test_static_and_leased_workers_share_a_store(
         assert "worker id 0 of namespace 'mixed' is held by" in second.stderr
         assert second.stderr.count("\n") == 1, second.stderr
 
-        # Eight leased processes on the eight worker ids of the test layout: none may get 0.
-        leased += [start(url, "mixed", ttl, hold=1.0) for _ in range(8)]
-        time.sleep(3)
+        wait_for_ids(holder)
+        time.sleep(1)  # the leased processes take turns
 
         # Paused past its ttl, the static holder resumes by itself: nobody else may take its id.
         holder.send_signal(signal.SIGSTOP)
