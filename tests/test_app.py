@@ -17,6 +17,7 @@ from idmint.server import App, ServerConfig
 from idmint.server.config import read_config_file
 
 from checks import run_threads
+from conftest import aged_sqlite_url
 
 
 def call(
@@ -32,7 +33,7 @@ def call(
 
 @pytest.fixture
 def app(tmp_path: Path) -> App:
-    return App(ServerConfig(store=f"sqlite:///{tmp_path / 'app.db'}", admin_loopback=True))
+    return App(ServerConfig(store=aged_sqlite_url(tmp_path / "app.db"), admin_loopback=True))
 
 
 def test_asgi_shell_serves_every_kind_of_route(app: App) -> None:
@@ -197,7 +198,8 @@ def test_batch_caps_bound_ranges_and_batches(app: App) -> None:
 
 
 def test_the_client_token_guards_the_id_routes(tmp_path: Path) -> None:
-    config = ServerConfig(store=f"sqlite:///{tmp_path / 'c.db'}", token="adm", client_token="cli")
+    store = aged_sqlite_url(tmp_path / "c.db")
+    config = ServerConfig(store=store, token="adm", client_token="cli")
     app = App(config)
     admin = {"authorization": "Bearer adm"}
     assert call(app, "POST", "/v1/keys", json={"name": "k"}, headers=admin).status_code == 201

@@ -14,6 +14,8 @@ import pytest
 import idmint
 from idmint.cli import main
 
+from conftest import aged_sqlite_url
+
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(list(args))
@@ -256,9 +258,8 @@ def test_snowflake_decode_and_workers(
         assert code == 2 and message in err and err.count("\n") == 1, err
 
 
-def test_static_worker_from_the_cli(
-    capsys: pytest.CaptureFixture[str], url: str, tmp_path: Path
-) -> None:
+def test_static_worker_from_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    url = aged_sqlite_url(tmp_path / "aged.db")
     state = str(tmp_path / "w9.json")
     code, _, err = run(capsys, "snowflake", "--worker-id", "9", "--state", state, "--store", url)
     assert code == 0, err

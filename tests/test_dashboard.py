@@ -280,7 +280,7 @@ def test_stale_data_errors_and_ids_near_2_63(stub: StubServer) -> None:
 def test_dashboard_shows_the_snowflake_worker(idmint_server: ServerProcess) -> None:
     before = render(idmint_server.url + "/").hidden  # no snowflake route used yet
     assert {"f-flake-box", "f-clock-box"} <= before
-    # The store is new: its first worker lease waits until the store is a ttl (10 s) old.
+    # The fixture's store was made a minute ago: its first worker lease waits for nothing.
     first = httpx.get(idmint_server.url + "/api/snowflake/get/any", timeout=30)
     assert first.status_code == 200
     page = render(idmint_server.url + "/")

@@ -15,6 +15,7 @@ import pytest
 from idmint.server import App, ServerConfig
 
 from checks import assert_unique, run_threads
+from conftest import aged_sqlite_url
 from http_server import ServerProcess
 from test_app import call
 
@@ -89,7 +90,7 @@ def cosid_drain(max_id: int, step: int) -> list[int]:
 
 @pytest.fixture
 def app(tmp_path: Path) -> App:
-    made = App(ServerConfig(store=f"sqlite:///{tmp_path / 'dropin.db'}", admin_loopback=True))
+    made = App(ServerConfig(store=aged_sqlite_url(tmp_path / "dropin.db"), admin_loopback=True))
     assert call(made, "POST", "/v1/keys", json={"name": "t", "start": 1, "step": 10}).is_success
     striped = {"name": "s", "start": 1, "step": 10, "stripes": 3}
     assert call(made, "POST", "/v1/keys", json=striped).is_success
