@@ -212,9 +212,9 @@ class RedisFailover:
         return cast(list[Any], answer), acks
 
     def fence(self, recorded: str, current: str) -> None:
-        """Move every key past what the old primary may have handed out and quarantine every
-        worker id, then record the new primary (see the module doc). StoreUnavailable while
-        another process is fencing."""
+        """Move every counter past what the old primary may have handed out and start the
+        store's life again, then record the new primary (see the module doc).
+        StoreUnavailable while another process is fencing."""
         lock, token = f"{self._prefix}:fencing", uuid.uuid4().hex
         got = self._call(lambda: self._client.set(lock, token, nx=True, px=FENCE_LOCK_MS))
         if not got:
