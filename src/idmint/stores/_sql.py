@@ -31,6 +31,7 @@ from ..ids import (
     stripe_row,
 )
 from . import fences
+from ._once import Once
 from .base import StoreIdentity
 from .replication import (
     FAILOVER_GAP,
@@ -44,8 +45,7 @@ log = logging.getLogger(__name__)
 
 #: The idmint_meta row holding the lineage of the primary the store last ran on.
 LINEAGE = "lineage"
-_warned: set[str] = set()  # stores already warned about (once a process)
-_warned_lock = threading.Lock()
+_warned = Once()  # stores whose unsafe replication was logged
 
 T = TypeVar("T")
 
@@ -75,8 +75,6 @@ ADDED_COLUMNS = (
 # worker ids reserved for static holders. Plain types every engine reads the same way.
 META_TABLE = "idmint_meta"
 RESERVED_TABLE = "idmint_reserved_workers"
-# Snowflake worker leases (made by the dialects that keep them: see _sql_leases.py).
-WORKERS_TABLE = "idmint_workers"
 COMMON_SCHEMA = (
     f"""CREATE TABLE IF NOT EXISTS {META_TABLE} (
     name       VARCHAR(64)  NOT NULL PRIMARY KEY,
@@ -282,11 +280,10 @@ class SqlConnection(ForkAware):
                 f"wait for the replicas ({self._dialect.replication_hint}: docs/stores.md), "
                 f"or accept the risk with ?{UNSAFE_REPLICATION}=1 in the store URL"
             )
-        with _warned_lock:
-            if self.display_url in _warned:
-                return state
-            _warned.add(self.display_url)
-        log.warning("store %s: %s; running unsafe as the URL says", self.display_url, state.risk)
+        if _warned.first(self.display_url):
+            log.warning(
+                "store %s: %s; running unsafe as the URL says", self.display_url, state.risk
+            )
         return state
 
     def _check_lineage(self, cur: Any, lineage: str) -> None:

@@ -21,9 +21,10 @@ from dataclasses import replace
 from typing import Any
 
 from .._errors import LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
-from ._sql import RESERVED_TABLE, WORKERS_TABLE, Dialect, SqlConnection
+from ._sql import RESERVED_TABLE, Dialect, SqlConnection
 from .base import Lease, WorkerInfo, check_claim, forgotten, pick_worker
 
+WORKERS_TABLE = "idmint_workers"
 CREATE_WORKERS_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {WORKERS_TABLE} (
     namespace  VARCHAR(128) NOT NULL,

@@ -15,14 +15,12 @@ from urllib.parse import unquote, urlsplit
 from .._errors import DriverMissing, InvalidArgument
 from ._sql import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
-from ._urls import ENCODE_HINT, misplaced_at, scrub, take_parameter
+from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .replication import (
-    FAILOVER_GAP_PARAMETER,
-    UNSAFE_REPLICATION,
     ReplicationState,
-    failover_gap,
     mysql_state,
     semi_sync_fields,
+    take_replication_parameters,
 )
 
 CREATE_TABLE = f"""
@@ -144,10 +142,7 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
 
     if misplaced_at(url):
         raise InvalidArgument(f"bad MySQL URL {display_url!r}: {ENCODE_HINT}")
-    url, unsafe = take_parameter(url, UNSAFE_REPLICATION)
-    if unsafe not in (None, "0", "1"):
-        raise InvalidArgument(f"bad MySQL URL {display_url!r}: {UNSAFE_REPLICATION} must be 1 or 0")
-    url, gap = take_parameter(url, FAILOVER_GAP_PARAMETER)
+    url, unsafe, gap = take_replication_parameters(url, display_url)
     parts = urlsplit(url)
     database = parts.path.lstrip("/")
     if not database or not parts.hostname:
@@ -188,12 +183,12 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         schema=(CREATE_TABLE, CREATE_WORKERS_TABLE, CREATE_CELLS_TABLE, CREATE_QUORUM_TABLE),
         durability=durability,
         replication=replication,
-        unsafe_replication=unsafe == "1",
+        unsafe_replication=unsafe,
         replication_hint=(
             "semi-synchronous replication: rpl_semi_sync_master_enabled=ON on the primary, "
             "rpl_semi_sync_slave_enabled=ON on every replica"
         ),
-        failover_gap=failover_gap(gap, display_url),
+        failover_gap=gap,
         confirm_commit=confirm_commit,
         now_ms="CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
         begin="START TRANSACTION",

@@ -23,14 +23,12 @@ from ..ids import is_digits
 from ._deadline import WATCHDOG
 from ._sql import TABLE, Dialect
 from ._sql_leases import CREATE_WORKERS_TABLE
-from ._urls import scrub, take_parameter
+from ._urls import scrub
 from .replication import (
-    FAILOVER_GAP_PARAMETER,
     POSTGRES_QUERY,
-    UNSAFE_REPLICATION,
     ReplicationState,
-    failover_gap,
     postgres_state,
+    take_replication_parameters,
 )
 
 CREATE_TABLE = f"""
@@ -158,12 +156,7 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         ) from exc
 
     url = url.replace("postgres://", "postgresql://", 1)
-    url, unsafe = take_parameter(url, UNSAFE_REPLICATION)
-    url, gap = take_parameter(url, FAILOVER_GAP_PARAMETER)
-    if unsafe not in (None, "0", "1"):
-        raise InvalidArgument(
-            f"bad PostgreSQL URL {display_url!r}: {UNSAFE_REPLICATION} must be 1 or 0"
-        )
+    url, unsafe, gap = take_replication_parameters(url, display_url)
     try:
         given = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
@@ -227,9 +220,9 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         returning=True,
         durability=durability,
         replication=replication,
-        unsafe_replication=unsafe == "1",
+        unsafe_replication=unsafe,
         replication_hint="synchronous_standby_names naming the standbys, synchronous_commit on",
-        failover_gap=failover_gap(gap, display_url),
+        failover_gap=gap,
         # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
         # statement gets a little more, so that a lock wait is reported as one; a session
         # idle inside a transaction for twice that (its process is paused) is ended, so its row

@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import socket
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -44,6 +43,7 @@ from .._errors import (
     WorkersExhausted,
 )
 from ..ids import is_digits
+from ._once import Once
 from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .cas_ranges import CasRangeStore
@@ -88,7 +88,8 @@ return redis.call('HMGET', meta, 'id', 'created_ms')
 # the claimed worker id ("" to let the store choose). Without a claim, takes the lowest free
 # id not reserved for a static holder whose horizon is at most now_ms, else the lowest such
 # id; a claim reserves its id (the hash's `static` field) and takes it. Returns {worker id,
-# floor, horizon, TIME's seconds, TIME's microseconds, the meta id}; false when every id is
+# floor, horizon, TIME's seconds, TIME's microseconds, the meta id and created_ms (as they
+# are after the write: a failover's fence starts the store's life again)}; false when every id is
 # leased; {-1, host, pttl} when the claimed id is held. Horizons stay strings: Lua numbers are
 # doubles that redis.call would format with %.14g, so a number is only ever compared, never
 # stored.
@@ -130,9 +131,9 @@ if tonumber(floor) > tonumber(wanted) then horizon = floor end
 redis.call('SET', lease, ARGV[4], 'PX', ARGV[6])
 redis.call('HSET', hkey, 'horizon', horizon, 'host', ARGV[5], 'owner', ARGV[4])
 if ARGV[9] ~= '' then redis.call('HSET', hkey, 'static', '1') end
-local meta = redis.call('HGET', base .. 'meta', 'id') or ''
+local meta = redis.call('HMGET', base .. 'meta', 'id', 'created_ms')
 local now = redis.call('TIME')
-return {chosen, floor, horizon, now[1], now[2], meta}
+return {chosen, floor, horizon, now[1], now[2], meta[1] or '', meta[2] or ''}
 """
 
 # KEYS: lease, horizon hash, meta. ARGV: owner, ttl_ms, horizon_ms, the horizon the holder
@@ -252,7 +253,8 @@ class RedisLeaseStore:
     ) -> Lease:
         if worker_id is not None:
             check_claim(worker_id, workers)
-        self.identity()  # made before the lease, on a new store
+        made = self.identity()  # made before the lease, on a new store
+        assert made is not None
         owner = uuid.uuid4().hex
         args: list[str | int] = [
             self._prefix,
@@ -276,11 +278,9 @@ class RedisLeaseStore:
                 namespace, worker_id, str(answer[1]), pttl / 1000 if pttl >= 0 else None
             )
         chosen, floor, horizon, seconds, micros = (int(v) for v in answer[:5])
-        # Read again after the write: a fence the write set off gave the store a new life.
-        identity = self.identity()
-        assert identity is not None
-        if answer[5] != identity.id:  # wiped between the two calls: ask again
+        if answer[5] != made.id:  # wiped between the two calls: ask again
             raise StoreUnavailable(f"store {self.display_url} lost its data during an acquire")
+        identity = StoreIdentity(made.id, int(answer[6]))  # its created_ms after the write
         return Lease(
             namespace,
             chosen,
@@ -400,8 +400,7 @@ return found
 
 _log = logging.getLogger(__name__)
 
-_warned: set[str] = set()  # the stores whose weak persistence was logged: once per process
-_warned_lock = threading.Lock()
+_warned = Once()  # the stores whose weak persistence was logged
 
 
 @dataclass(frozen=True)
@@ -522,12 +521,8 @@ class RedisCasStore:
                 "the store URL"
             )
         self._checked = True  # one look per store, never a cost per call
-        if weak is None:
+        if weak is None or not _warned.first(self.display_url):
             return
-        with _warned_lock:
-            if self.display_url in _warned:
-                return
-            _warned.add(self.display_url)
         _log.warning(
             "store %s: Redis runs with %s, so a crash can lose a compare-and-set it already "
             "confirmed and ids would repeat; set appendonly yes and appendfsync always "

@@ -36,7 +36,6 @@ replica that was not connected).
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -44,11 +43,11 @@ from typing import Any, TypeVar, cast
 
 from .._errors import StoreUnavailable
 from . import fences
+from ._once import Once
 from .replication import note_failover
 
 log = logging.getLogger(__name__)
-_warned: set[str] = set()  # stores whose unsafe replication was logged: once a process
-_warned_lock = threading.Lock()
+_warned = Once()  # stores whose unsafe replication was logged
 
 T = TypeVar("T")
 
@@ -178,10 +177,8 @@ class RedisFailover:
         raise StoreUnavailable(f"store {self.display_url}: its primary kept changing")
 
     def _warn_unsafe(self, replicas: int) -> None:
-        with _warned_lock:
-            if self.display_url in _warned:
-                return
-            _warned.add(self.display_url)
+        if not _warned.first(self.display_url):
+            return
         log.warning(
             "store %s: %d replica(s) and writes do not wait for them (unsafe_replication): a "
             "failover to one that lags loses acknowledged ranges; the fence moves keys %d ids "

@@ -27,6 +27,7 @@ from typing import Any
 
 from .._errors import InvalidArgument
 from ..ids import is_digits
+from ._urls import take_parameter
 
 PRIMARY, REPLICA, STANDALONE = "primary", "replica", "standalone"
 
@@ -38,6 +39,16 @@ FAILOVER_GAP_PARAMETER = "failover_gap"
 #: promoted replica can lack (with writes that wait for the replicas, none; else the
 #: allocations of the replication lag). See docs/stores.md.
 FAILOVER_GAP = 1_000_000
+
+
+def take_replication_parameters(url: str, display_url: str) -> tuple[str, bool, int]:
+    """A SQL store URL without idmint's replication parameters (its driver refuses ones it
+    does not know), whether it accepts unsafe replication, and the fence's gap."""
+    url, unsafe = take_parameter(url, UNSAFE_REPLICATION)
+    if unsafe not in (None, "0", "1"):
+        raise InvalidArgument(f"bad store URL {display_url!r}: {UNSAFE_REPLICATION} must be 1 or 0")
+    url, gap = take_parameter(url, FAILOVER_GAP_PARAMETER)
+    return url, unsafe == "1", failover_gap(gap, display_url)
 
 
 def failover_gap(value: str | None, display_url: str) -> int:
@@ -108,16 +119,6 @@ class ReplicationState:
         """One line for `idmint init`, logs and messages."""
         words = f"{self.role}, {self.replicas} replica(s), writes wait for {self.waits_for}"
         return f"{words} ({self.detail})" if self.detail else words
-
-
-def parse_redis_info(text: str) -> dict[str, str]:
-    """The fields of an INFO section ("key:value" lines)."""
-    fields = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and not name.startswith("#"):
-            fields[name.strip()] = value.strip()
-    return fields
 
 
 def redis_state(info: dict[str, str], *, waits: bool) -> ReplicationState:
