@@ -584,3 +584,25 @@ def test_the_cli_reads_the_servers_config_file(
     other = f"sqlite:///{tmp_path / 'other.db'}"
     assert main(["--store", other, "keys", "add", "x"]) == 0  # a flag beats the file
     assert (tmp_path / "other.db").exists()
+
+
+def test_the_store_url_from_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # IDMINT_STORE_FILE keeps a URL with its password out of `ps` and shell history.
+    secret = tmp_path / "store-url"
+    secret.write_text(f"sqlite:///{tmp_path / 'a.db'}\n")  # the newline echo adds
+    monkeypatch.delenv("IDMINT_STORE", raising=False)
+    monkeypatch.setenv("IDMINT_STORE_FILE", str(secret))
+    assert main(["keys", "add", "order", "--start", "7"]) == 0
+    assert main(["next", "order"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "7"
+    assert main(["--store", "memory://", "keys", "list"]) == 0  # a flag beats the file
+    monkeypatch.setenv("IDMINT_STORE", "memory://")
+    assert main(["keys", "list"]) == 2
+    assert "IDMINT_STORE and IDMINT_STORE_FILE are both set" in capsys.readouterr().err
+    monkeypatch.delenv("IDMINT_STORE")
+    monkeypatch.setenv("IDMINT_STORE_FILE", str(tmp_path / "missing"))
+    assert main(["keys", "list"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read IDMINT_STORE_FILE" in err, err

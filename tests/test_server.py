@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import signal
@@ -20,6 +21,7 @@ import pytest
 import idmint
 
 from checks import assert_unique, assert_within, run_threads
+from conftest import aged_sqlite_url
 from http_server import ServerProcess
 from servers import free_port
 
@@ -213,6 +215,37 @@ def test_admin_over_http_is_off_without_a_token(tmp_path: Path) -> None:
         assert "every client is loopback" in log
     finally:
         opted.stop()
+
+
+def test_json_logs_and_a_token_from_a_file(tmp_path: Path) -> None:
+    # --log-format json: every line, the main process's, each worker's and granian's own, is
+    # one JSON object with the documented fields. The admin token comes from a file
+    # (IDMINT_TOKEN_FILE), not from a command line every user can read in `ps`.
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n")
+    server = ServerProcess(
+        aged_sqlite_url(tmp_path / "a.db"),
+        workers=2,
+        admin_loopback=False,
+        args=["--log-format", "json"],
+        env={"IDMINT_TOKEN_FILE": str(secret)},
+    ).start()
+    try:
+        url = server.url + "/v1/keys"
+        assert httpx.post(url, json={"name": "k"}).status_code == 401
+        admin = {"Authorization": "Bearer s3cret"}
+        assert httpx.post(url, json={"name": "k"}, headers=admin).status_code == 201
+        assert server.terminate() == 0
+        text = server.log_path.read_text()
+    finally:
+        server.stop()
+    lines = text.splitlines()
+    entries = [json.loads(line) for line in lines]  # a line that is not JSON fails here
+    assert all({"time", "level", "logger", "message", "pid"} <= set(e) for e in entries)
+    assert {e["logger"] for e in entries} >= {"idmint.server", "_granian"}
+    assert len({e["pid"] for e in entries}) == 3, lines  # the main process and two workers
+    assert sum("unused ids given back" in e["message"] for e in entries) == 2, lines
+    assert "s3cret" not in text
 
 
 def test_a_non_ascii_token_is_refused_at_start() -> None:

@@ -173,6 +173,14 @@ def cli(ctx: click.Context, store: str, timeout: float, config_file: Path | None
         for name in ("store", "timeout")
         if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
     }
+    # IDMINT_STORE_FILE: a URL with its password kept out of `ps`; a flag beats it.
+    if ctx.get_parameter_source("store") is not click.core.ParameterSource.COMMANDLINE:
+        from .server.config import setting_from_file
+
+        from_file = setting_from_file("store")
+        if from_file is not None:
+            store = from_file
+            given.add("store")
     ctx.obj = {"store": store, "timeout": timeout, "given": given}
     if config_file is not None:  # a flag or an environment variable beats the file
         from .server.config import read_config_file
@@ -687,6 +695,12 @@ def _print_or_give_back(minter: Minter, name: str, taken: Range) -> None:
     help="Each key's ids go out over HTTP no faster than its whole id space in this many days, "
     "per worker (a 32-bit key: 829 ids/s) [default: 30; 0: no budget].",
 )
+@click.option(
+    "--log-format",
+    envvar="IDMINT_LOG_FORMAT",
+    type=click.Choice(["text", "json"]),
+    help="Log lines for people, or one JSON object a line for log collectors [default: text].",
+)
 @dc_options()
 @quorum_options
 @click.option(
@@ -716,6 +730,7 @@ def serve(
     warm_keys: int | None,
     metrics_keys: int | None,
     id_budget_days: float | None,
+    log_format: str | None,
     dc: str | None,
     dc_store: str | None,
     quorum: str | None,
@@ -751,6 +766,7 @@ def serve(
         "warm_keys": warm_keys,
         "metrics_keys": metrics_keys,
         "id_budget_days": id_budget_days,
+        "log_format": log_format,
         "dc": dc,
         "dc_store": dc_store,
         "quorum": quorum,

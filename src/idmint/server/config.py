@@ -21,8 +21,11 @@ from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
 from ..strategies.datacenter import check_dc_name
 from ..strategies.quorum import split_nodes
 from ..strategies.refills import DEFAULT_THREADS, check_threads
+from .logs import LOG_FORMATS
 
 ENV_PREFIX = "IDMINT_"
+#: IDMINT_<NAME>_FILE: the setting read from a file (setting_from_file).
+FILE_SUFFIX = "_FILE"
 #: Keys with series of their own at most: each is 14 series in every worker's metrics files,
 #: kept for the server's life, and about 0.5 ms of every scrape per worker (prometheus-client's
 #: multiprocess collection: 3,000 keys took 1.4 s).
@@ -89,6 +92,8 @@ class ServerConfig:
     #: Each key's ids go out over HTTP no faster than its whole id space in this many days,
     #: per server process (a 32-bit key: 829 ids/s at 30); 0: no budget (see budget.py).
     id_budget_days: float = 30.0
+    #: "text" for people, "json" for log collectors: one object a line (server/logs.py).
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():  # NaN passes every range check below
@@ -115,6 +120,8 @@ class ServerConfig:
         check_threads(self.refill_threads)
         if not 0 <= self.warm_keys <= 1_000_000:
             raise InvalidArgument(f"warm_keys must be from 0 to 1000000, not {self.warm_keys}")
+        if self.log_format not in LOG_FORMATS:
+            raise InvalidArgument(f"log_format must be text or json, not {self.log_format!r}")
         if self.http not in ("auto", "1", "2"):
             raise InvalidArgument(f"http must be auto, 1 or 2, not {self.http!r}")
         if not 0 < self.port < 65536:
@@ -163,23 +170,29 @@ class ServerConfig:
 
     @classmethod
     def env_values(cls) -> dict[str, str]:
-        """The settings IDMINT_* variables give, by field name."""
-        names = {f.name for f in fields(cls)}
-        return {
+        """The settings IDMINT_* variables give, by field name: IDMINT_TOKEN=..., or
+        IDMINT_TOKEN_FILE=/path for a secret kept in a file (see setting_from_file)."""
+        values = {
             k[len(ENV_PREFIX) :].lower(): v
             for k, v in os.environ.items()
-            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in names
+            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in _names()
         }
+        for name in _names():
+            from_file = setting_from_file(name)
+            if from_file is not None:
+                values[name] = from_file
+        return values
 
     @classmethod
     def unknown_env(cls) -> list[str]:
         """IDMINT_* variables that are no setting (a typo is otherwise ignored in silence),
         each with a close setting's variable if there is one."""
-        names = {f.name for f in fields(cls)} | {"config"}
+        names = _names() | {"config"}
+        file_names = {name + FILE_SUFFIX.lower() for name in _names()}
         unknown = sorted(
             k
             for k in os.environ
-            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in names
+            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in names | file_names
         )
         # Compared without the prefix, which every one shares.
         return [
@@ -193,6 +206,31 @@ class ServerConfig:
     @classmethod
     def from_env(cls) -> ServerConfig:
         return cls.from_mapping(cls.env_values())
+
+
+def _names() -> set[str]:
+    return {f.name for f in fields(ServerConfig)}
+
+
+def setting_from_file(name: str) -> str | None:
+    """The setting `name` read from the file IDMINT_<NAME>_FILE names, or None without that
+    variable. For secrets (a token, a store URL with its password): a command line shows in
+    `ps` to every user, while a file can be readable by idmint's user only (a systemd
+    credential, a Kubernetes secret volume). One trailing newline is dropped, as editors
+    and `echo` add one. Both IDMINT_<NAME> (not empty) and IDMINT_<NAME>_FILE set is refused,
+    as which one was meant cannot be known."""
+    variable = ENV_PREFIX + name.upper()
+    path = os.environ.get(variable + FILE_SUFFIX)
+    if path is None:
+        return None
+    if os.environ.get(variable):  # an empty IDMINT_<NAME> is the default, not a value
+        raise InvalidArgument(f"{variable} and {variable}{FILE_SUFFIX} are both set: keep one")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InvalidArgument(f"cannot read {variable}{FILE_SUFFIX}={path}: {reason}") from exc
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 def _flag(value: Any) -> bool:

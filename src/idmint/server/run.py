@@ -17,7 +17,8 @@ from pathlib import Path
 from .._errors import InvalidArgument, StoreUnavailable
 from ..ids import is_digits
 from ..stores import RangeStore, open_store
-from .config import ServerConfig
+from . import logs
+from .config import FILE_SUFFIX, ServerConfig
 from .metrics import MULTIPROC_ENV
 
 TARGET = "idmint.server.app:create_app"
@@ -62,11 +63,12 @@ def serve(config: ServerConfig) -> None:
         down = _store_down(store)
     finally:
         store.close()
-    # Workers are separate processes that build their app from the environment.
+    # Workers are separate processes that build their app from the environment. They get
+    # the resolved values: an IDMINT_<NAME>_FILE beside its IDMINT_<NAME> would be refused.
     os.environ.update(config.to_env())
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    for name in config.to_env():
+        os.environ.pop(name + FILE_SUFFIX, None)
+    logs.configure(config.log_format)
     for level, line in describe_access(config):
         log.log(level, "%s", line)
     for variable in ServerConfig.unknown_env():
@@ -195,6 +197,7 @@ def _serve(config: ServerConfig, address: str) -> None:
         workers_kill_timeout=max(1, math.floor(config.shutdown_timeout)),  # whole seconds
         factory=True,
         log_access=False,
+        log_dictconfig=logs.log_config(config.log_format),
     ).serve()
 
 
@@ -275,6 +278,7 @@ def _serve_uvicorn(config: ServerConfig) -> None:
         port=config.port,
         workers=config.workers,
         log_level="info",
+        log_config=logs.log_config(config.log_format),
         access_log=False,
         timeout_graceful_shutdown=config.shutdown_timeout,
     )
