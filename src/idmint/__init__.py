@@ -32,6 +32,7 @@ from ._errors import (
     WrongKind,
 )
 from ._minter import Minter, connect, open_quorum
+from .aio import AsyncSegment
 from .ids import ID_MAX, UINT31_MAX, Key, Range
 from .keyspace import QuorumKey
 from .layout import Decoded, Layout
@@ -61,6 +62,7 @@ __all__ = [
     "ID_MAX",
     "UINT31_MAX",
     "AsyncClient",
+    "AsyncSegment",
     "Client",
     "ClockMovedBackwards",
     "Closed",

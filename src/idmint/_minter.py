@@ -9,6 +9,7 @@ from typing import cast
 
 from ._errors import Closed, Exhausted, InvalidArgument
 from ._fork import ForkAware, private_random
+from .aio import AsyncSegment
 from .ids import (
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
@@ -236,6 +237,12 @@ class Minter(ForkAware):
                 gen = SegmentGenerator(self.ranges, name, options or self.segment_options)
                 self._segments[name] = gen
             return gen
+
+    def async_segment(self, name: str, options: SegmentOptions | None = None) -> AsyncSegment:
+        """The key's segment generator for asyncio code (aio.py): `await
+        minter.async_segment("order").next_id()` waits for the store, when nothing is buffered,
+        without blocking the event loop. The same generator as segment(name)."""
+        return AsyncSegment(self.segment(name, options))
 
     def snowflake(
         self,

@@ -36,6 +36,7 @@ from ._errors import (
     StoreUnavailable,
 )
 from ._fork import ForkAware, orphan
+from .aio import AsyncSegment as AsyncSegment  # it lived here: re-exported for old imports
 from .ids import Allocation, Key, Range, check_count, check_key_name, is_digits
 from .stores.base import STORE_HEADER, StoreIdentity
 from .strategies.segment import SegmentGenerator, SegmentOptions
@@ -350,25 +351,6 @@ class Client(_ClientBase):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class AsyncSegment:
-    """A segment generator for event loops: never blocks the loop."""
-
-    def __init__(self, gen: SegmentGenerator) -> None:
-        self.generator = gen
-
-    async def next_id(self) -> int:
-        i = self.generator.try_next_id()
-        if i is None:
-            i = await asyncio.to_thread(self.generator.next_id)
-        return i
-
-    async def next_ids(self, count: int) -> list[int]:
-        ids = self.generator.try_next_ids(count)
-        if len(ids) < count:
-            ids += await asyncio.to_thread(self.generator.next_ids, count - len(ids))
-        return ids
 
 
 class AsyncClient(_ClientBase):
