@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -170,13 +171,14 @@ def test_the_package_says_its_license_and_the_docs_stay_in_the_repo() -> None:
         assert "../shared" not in page.read_text(), f"{page.name} points outside the repo"
 
 
-def test_the_sdist_carries_the_tests_and_they_import(tmp_path: Path) -> None:
+def test_the_sdist_carries_the_tests_and_pypi_would_take_both(tmp_path: Path) -> None:
     built = subprocess.run(
         [
             sys.executable,
             "-m",
             "build",
             "--sdist",
+            "--wheel",
             "--no-isolation",
             "-o",
             str(tmp_path),
@@ -188,12 +190,32 @@ def test_the_sdist_carries_the_tests_and_they_import(tmp_path: Path) -> None:
     )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (archive,) = tmp_path.glob("idmint-*.tar.gz")
+    (wheel,) = tmp_path.glob("idmint-*.whl")
+    # What PyPI would refuse or render badly: the long description (the README), metadata.
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(archive), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    with zipfile.ZipFile(wheel) as whl:
+        [metadata] = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        fields = whl.read(metadata).decode()
+    for field in (
+        "Project-URL: Documentation, ",
+        "Classifier: Typing :: Typed",
+        "Description-Content-Type: text/markdown",
+        "Provides-Extra: sqlalchemy",
+    ):
+        assert field in fields, field
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
     unpacked = next(p for p in tmp_path.iterdir() if p.is_dir())
     ours = {p.name for p in (ROOT / "tests").glob("*.py")}
     assert {p.name for p in (unpacked / "tests").glob("*.py")} == ours
     assert (unpacked / "LICENSE").is_file() and (unpacked / ".ci" / "install").is_file()
+    assert (unpacked / "deploy" / "idmint.toml").is_file()  # tests/test_deploy.py reads it
     collected = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
         cwd=unpacked,
