@@ -214,4 +214,4 @@ def test_deploy_holds_only_checked_files() -> None:
         "grafana/idmint.json",
     }
     present = {str(p.relative_to(DEPLOY)) for p in DEPLOY.rglob("*") if p.is_file()}
-    assert present <= checked, sorted(present - checked)
+    assert present == checked, (sorted(present - checked), sorted(checked - present))
