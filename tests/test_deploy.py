@@ -49,15 +49,12 @@ def test_the_example_config_holds_every_setting_with_its_default() -> None:
         assert (example[name], type(example[name])) == (value, type(value)), name
 
 
-def _verify_unit(unit: Path) -> str:
-    """systemd-analyze verify's complaints about `unit` (empty: none). An unknown key or a
-    bad value is only a warning to it (exit code 0), so the output is what counts."""
+def complaints(*command: str) -> str:
+    """What a checking tool says (empty: nothing), and " (failed)" when it exits non-zero.
+    systemd-analyze verify only warns of an unknown key or a bad value (exit code 0), so the
+    output is what counts."""
     run = subprocess.run(
-        [tool("systemd-analyze"), "verify", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        [tool(command[0]), *command[1:]], capture_output=True, text=True, timeout=60, check=False
     )
     return (run.stdout + run.stderr).strip() + ("" if run.returncode == 0 else " (failed)")
 
@@ -70,10 +67,10 @@ def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
     assert f"ExecStart={installed} serve --config /etc/idmint/idmint.toml" in text
     unit = tmp_path / "idmint.service"
     unit.write_text(text.replace(installed, str(VENV_BIN / "idmint")))
-    assert _verify_unit(unit) == ""
+    assert complaints("systemd-analyze", "verify", str(unit)) == ""
     broken = tmp_path / "broken.service"
     broken.write_text(unit.read_text().replace("Restart=on-failure", "Restart=sometimes"))
-    assert "sometimes" in _verify_unit(broken)
+    assert "sometimes" in complaints("systemd-analyze", "verify", str(broken))
     # Stopping waits for the server's own shutdown bound, with a margin.
     stop = int(re.search(r"^TimeoutStopSec=(\d+)$", text, re.M).group(1))  # type: ignore[union-attr]
     assert stop > ServerConfig().shutdown_timeout
@@ -154,23 +151,14 @@ def test_the_kubernetes_manifests_follow_the_servers_rules(tmp_path: Path) -> No
     assert endpoint["path"] == "/metrics"
 
 
-def _hadolint(dockerfile: Path) -> str:
-    run = subprocess.run(
-        [tool("hadolint"), "--no-color", str(dockerfile)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return (run.stdout + run.stderr).strip() + ("" if run.returncode == 0 else " (failed)")
-
-
 def test_the_dockerfile_installs_as_the_readme_says_and_lints_clean(tmp_path: Path) -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
-    assert _hadolint(DEPLOY / "Dockerfile") == ""
+    assert complaints("hadolint", "--no-color", str(DEPLOY / "Dockerfile")) == ""
     broken = tmp_path / "Dockerfile"
     broken.write_text(dockerfile.replace("WORKDIR /opt/idmint", "RUN cd /opt/idmint"))
-    assert "DL3003" in _hadolint(broken)  # "use WORKDIR to switch to a directory"
+    assert "DL3003" in complaints(
+        "hadolint", "--no-color", str(broken)
+    )  # "use WORKDIR to switch to a directory"
     # The README's first set-up command, up to its own key and serve steps, is the image's
     # install step.
     readme = (ROOT / "README.md").read_text()
