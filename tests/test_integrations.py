@@ -32,7 +32,7 @@ from idmint.integrations.sqlalchemy import idmint_default
 from servers import PostgresServer
 
 #: How long a test holds a key's row lock: the refill waits at least this long.
-HOLD = 0.4
+HOLD = 0.6
 #: The heartbeat's period; a beat later than LATE means the loop was blocked (a blocked
 #: loop misses beats for all of HOLD).
 BEAT = 0.005
