@@ -8,6 +8,7 @@ The screenshot is kept as a test artefact in artifacts/dashboard.png.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,15 +17,23 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 import pytest
 
+import idmint
+from idmint import ReservationSizing
+from idmint.server.metrics import combine_views
+
+import quorum_nodes
+from conftest import aged_sqlite_url
 from http_server import ServerProcess
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
@@ -58,22 +67,32 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
         )
 
 
+#: The tables' rows: the attribute naming a row, and the Page dictionary it goes to.
+ROWS = {"data-key": "keys", "data-quorum": "quorum", "data-dckey": "dc"}
+
+
 class Page(HTMLParser):
-    """The DOM Chromium rendered, reduced to what an operator reads: the text of each key row's
-    cells (`<tr data-key>` / `<td data-col>`), each key's error line, and each element with an id
-    (its text, and whether it is hidden). Scripts and styles are not text."""
+    """The DOM Chromium rendered, reduced to what an operator reads: the text of each row's
+    cells (`<tr data-key>` / `<td data-col>`; a key's row per worker is "name@pid"; quorum keys
+    `data-quorum`, datacenter keys `data-dckey`), each key's error line, each quorum node's chip
+    (`data-node`: its text and class), and each element with an id (its text, whether it is
+    hidden, its class and href). Scripts and styles are not text."""
 
     def __init__(self, dom: str) -> None:
         super().__init__()
         self.keys: dict[str, dict[str, str]] = {}
+        self.quorum: dict[str, dict[str, str]] = {}
+        self.dc: dict[str, dict[str, str]] = {}
+        self.nodes: dict[tuple[str, str], tuple[str, str]] = {}  # (key, node): (text, class)
         self.errors: dict[str, str] = {}
         self.by_id: dict[str, str] = {}
         self.hidden: set[str] = set()
         self.classes: dict[str, str] = {}  # each element with an id: its class attribute
+        self.hrefs: dict[str, str] = {}
         self._open: list[list[tuple[str, str]]] = []  # per open element: what its text goes to
         self._active: list[tuple[str, str]] = []
         self._parts: dict[tuple[str, str], list[str]] = {}
-        self._row = ""
+        self._row: tuple[dict[str, dict[str, str]], str] | None = None
         self._skip = 0
         self.feed(dom)
         self.close()
@@ -85,16 +104,21 @@ class Page(HTMLParser):
         if tag in VOID:
             return
         sinks: list[tuple[str, str]] = []
-        if tag == "tr" and a.get("data-key"):
-            self._row = a["data-key"] or ""
-            self.keys[self._row] = {}
+        for attr, table in ROWS.items():
+            if tag == "tr" and a.get(attr):
+                name = (a[attr] or "") + (f"@{a['data-pid']}" if a.get("data-pid") else "")
+                self._row = (getattr(self, table), name)
+                self._row[0][name] = {}
         if tag == "tr" and a.get("data-error-for") and "hidden" not in a:
             sinks.append(("error", a["data-error-for"] or ""))
         if tag == "td" and a.get("data-col") and self._row:
-            sinks.append(("cell", f"{self._row}\0{a['data-col']}"))
+            sinks.append(("cell", a["data-col"] or ""))
+        if a.get("data-node") and self._row:
+            sinks.append(("node", f"{a['data-node']}\0{a.get('class') or ''}"))
         if a.get("id"):
             sinks.append(("id", a["id"] or ""))
             self.classes[a["id"] or ""] = a.get("class") or ""
+            self.hrefs[a["id"] or ""] = a.get("href") or ""
             if "hidden" in a:
                 self.hidden.add(a["id"] or "")
         for sink in sinks:
@@ -111,9 +135,11 @@ class Page(HTMLParser):
             self._active.remove(sink)
             text = " ".join("".join(self._parts.pop(sink)).split())
             kind, name = sink
-            if kind == "cell":
-                row, col = name.split("\0")
-                self.keys[row][col] = text
+            if kind == "cell" and self._row:
+                self._row[0][self._row[1]][name] = text
+            elif kind == "node" and self._row:
+                node, classes = name.split("\0")
+                self.nodes[self._row[1], node] = (text, classes)
             elif kind == "error":
                 self.errors[name] = text
             else:
@@ -150,15 +176,16 @@ def test_dashboard_shows_keys_and_ranges(idmint_server: ServerProcess) -> None:
     assert list(page.keys) == ["order", "ticket"]
     assert {"banner", "empty", "waiting"} <= page.hidden  # fresh data, keys, rendered
     shown = page.keys["order"]
-    assert shown["current"] == f"{current['start']} {DASH} {current['stop'] - 1}"  # exactly
+    # Exactly, with thousands separators: "100,001,000 to 100,002,999".
+    assert shown["current"] == f"{current['start']:,} {DASH} {current['stop'] - 1:,}"
     if preloaded is not None:
-        assert shown["next"] == f"{preloaded['start']} {DASH} {preloaded['stop'] - 1}"
+        assert shown["next"] == f"{preloaded['start']:,} {DASH} {preloaded['stop'] - 1:,}"
     assert shown["status"] == "ok" and shown["runway"] == "∞"
     assert re.fullmatch(r"\d+\.\d%", shown["fill"]), shown["fill"]
     # Above 2**53, where a JS number would round (to ...769000): the page keeps every digit.
-    assert order["remaining"] > 2**53 and shown["remaining"] == str(order["remaining"])
-    assert page.keys["ticket"]["current"] == f"1 {DASH} 1000"
-    assert page.keys["ticket"]["remaining"].startswith(f"{ticket['remaining']} ")
+    assert order["remaining"] > 2**53 and shown["remaining"] == f"{order['remaining']:,}"
+    assert page.keys["ticket"]["current"] == f"1 {DASH} 1,000"
+    assert page.keys["ticket"]["remaining"].startswith(f"{ticket['remaining']:,} ")
     assert "32-bit" in page.keys["ticket"]["key"]
     assert page.by_id["f-version"] == stats["server"]["version"]
     store_id = stats["server"]["store_id"]
@@ -168,9 +195,14 @@ def test_dashboard_shows_keys_and_ranges(idmint_server: ServerProcess) -> None:
     assert "f-cas-box" in page.hidden  # SQLite locks rows: no compare-and-set loops
     # The totals, as /metrics has them: 1500 + 1 ids issued, and handed over HTTP.
     assert "s-totals-box" not in page.hidden and page.by_id["s-keys"] == "2"
-    assert page.by_id["s-issued"] == "1501" and page.by_id["s-handed"] == "1501"
+    assert page.by_id["s-issued"] == "1,501" and page.by_id["s-handed"] == "1,501"
     assert page.by_id["s-workers"] == "1"
-    assert "idmint_keys_ids_issued_total 1501.0\n" in httpx.get(url + "/metrics").text
+    assert page.by_id["f-pid"] == str(stats["server"]["pid"]) and "worker" not in shown["key"]
+    # The links to what machines read, relative to the page (as v1/stats is): they answer.
+    assert page.by_id["l-metrics"] == "/metrics" and page.by_id["l-openapi"] == "/openapi.json"
+    metrics = httpx.get(urljoin(url + "/", page.hrefs["l-metrics"]))
+    assert "idmint_keys_ids_issued_total 1501.0\n" in metrics.text
+    assert httpx.get(urljoin(url + "/", page.hrefs["l-openapi"])).json()["openapi"]
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
@@ -227,7 +259,8 @@ def stub() -> Iterator[StubServer]:
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # Polled every 50 ms, not 500: shutdown() waits for the poll (0.4 s per test otherwise).
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield state
     httpd.shutdown()
@@ -269,9 +302,9 @@ def test_stale_data_errors_and_ids_near_2_63(stub: StubServer) -> None:
     assert "HTTP 503: shutting down" in page.by_id["banner"]
     assert page.by_id["f-ready"] == "unreachable"
     shown = page.keys["event"]  # the last good data stays on screen, digit for digit
-    assert shown["current"] == f"9223372036854000000 {DASH} 9223372036854000999"
-    assert shown["remaining"].startswith("774807 ")
-    assert shown["status"] == "error" and shown["runway"] == "3 m 20 s"
+    assert shown["current"] == f"9,223,372,036,854,000,000 {DASH} 9,223,372,036,854,000,999"
+    assert shown["remaining"].startswith("774,807 ")
+    assert shown["status"] == "error" and shown["runway"] == "3 min 20 s"
     assert page.errors == {"event": "error store unavailable: connection refused"}
     assert page.by_id["f-store"] == "postgresql://app:***@db/app"  # never a password on screen
     assert "s-totals-box" in page.hidden  # a server without totals (older): no box
@@ -335,7 +368,7 @@ def test_dashboard_shows_stripes_and_conflicts(stub: StubServer) -> None:
     shown = page.keys["order"]
     assert shown["stripe"] == "2/5 3 conflicts"
     assert shown["current"] == f"102 {DASH} 497 every 5"  # its last id: stop - stride
-    assert shown["next"] == f"1003 {DASH} 1998 every 5"
+    assert shown["next"] == f"1,003 {DASH} 1,998 every 5"
     assert page.keys["cold"]["stripe"] == f"{DASH}/5"  # no range taken here yet
     assert page.keys["plain"]["stripe"] == "—"
     assert page.keys["plain"]["current"] == f"1 {DASH} 80"
@@ -384,31 +417,48 @@ def test_dashboard_shows_a_datacenters_runway(stub: StubServer) -> None:
     ]
     page = render(stub.url + "/")
     assert "f-dc-box" not in page.hidden
-    assert page.by_id["f-dc"].startswith("eu · fast 990 left · runway 33")
+    assert page.by_id["f-dc"].startswith("eu · fast 990 left · runway 33 min 0 s")
     assert page.by_id["f-dc"].endswith("preload failures 3")
 
 
-def test_dashboard_shows_every_workers_totals(tmp_path: Path) -> None:
+def test_dashboard_shows_every_workers_totals_and_rows(tmp_path: Path) -> None:
     """Two workers: whichever answers the page's /v1/stats, it shows both workers' ids, the
-    same totals /metrics has."""
+    same totals /metrics has, and the same rows: the key's once per worker, with its ranges."""
     server = ServerProcess(f"sqlite:///{tmp_path / 'two.db'}", workers=2).start()
     try:
         assert httpx.post(server.url + "/v1/keys", json={"name": "order"}).status_code == 201
-        received, pids = 0, set[str]()
+        received, serving = 0, set[int]()
         deadline = time.monotonic() + 30
-        while len(pids) < 2 or received < 200:  # new connections: the kernel spreads them
+        while len(serving) < 2 or received < 200:  # new connections: the kernel spreads them
             assert time.monotonic() < deadline, "one worker answered every request"
             answer = httpx.get(server.url + "/v1/keys/order/ids", params={"count": 10})
             received += len(answer.json()["ids"])
-            pids.add(httpx.get(server.url + "/metrics").headers["idmint-pid"])
+            keys = httpx.get(server.url + "/v1/stats").json()["keys"]
+            serving = {k["pid"] for k in keys if k["generator"] is not None}
         time.sleep(2.5)  # each worker copies its counts into the metrics once a second
         metrics = httpx.get(server.url + "/metrics").text
         assert f"idmint_keys_ids_issued_total {received}.0\n" in metrics
+        rows: dict[int, list[tuple[Any, ...]]] = {}  # answering pid: the rows it sent
+        while len(rows) < 2:
+            assert time.monotonic() < deadline + 10, "one worker answered every request"
+            stats = httpx.get(server.url + "/v1/stats").json()
+            rows[stats["server"]["pid"]] = [
+                (k["name"], k["pid"], k["generator"]["current"], k["generator"]["issued"])
+                for k in stats["keys"]
+            ]
+        first, second = rows.values()
+        assert first == second  # the same, whichever worker answered
+        assert [row[:2] for row in first] == [("order", pid) for pid in sorted(rows)]
         page = render(server.url + "/")
-        assert page.by_id["s-issued"] == str(received) == page.by_id["s-handed"]
-        assert page.by_id["s-workers"] == "2"
     finally:
         server.stop()
+    assert page.by_id["s-issued"] == f"{received:,}" == page.by_id["s-handed"]
+    assert page.by_id["s-workers"] == "2" and page.by_id["s-serving"] == "1"
+    assert page.by_id["f-pid"] == ", ".join(map(str, sorted(rows)))
+    for _, pid, current, _ in first:
+        shown = page.keys[f"order@{pid}"]
+        assert shown["key"] == f"order worker {pid}"
+        assert shown["current"] == f"{current['start']:,} {DASH} {current['stop'] - 1:,}"
 
 
 def test_dashboard_shows_the_stores_replication_and_failovers(stub: StubServer) -> None:
@@ -429,3 +479,130 @@ def test_dashboard_shows_the_stores_replication_and_failovers(stub: StubServer) 
     page = render(stub.url + "/")
     assert page.by_id["f-repl"].endswith("writes wait for 0 · 1 failover(s) fenced")
     assert page.classes["f-repl"] == "warn"
+
+
+def test_dashboard_shows_quorum_nodes_and_a_datacenters_keys(tmp_path: Path) -> None:
+    """One real server of datacenter eu with a quorum key on three Redis nodes: the quorum
+    key's counts and each node up, then the one stopped down; the datacenter's key with its
+    reservation, ids left, and the global store reachable. Ids near 2**63 digit for digit.
+    The screenshot of every section is artifacts/dashboard-operate.png."""
+    top, eu = aged_sqlite_url(tmp_path / "global.db"), f"sqlite:///{tmp_path / 'eu.db'}"
+    high = 2**63 - 1_000_000  # far above 2**53: the nodes' counters too
+    with idmint.connect(top) as minter:
+        sizing = ReservationSizing(min_reservation=100_000)
+        minter.add_datacenter_key("order", step=100, max=2**31 - 1, sizing=sizing)
+        minter.add_quorum_key("ticket", start=high)
+    with quorum_nodes.running(3) as nodes:
+        joined = nodes.joined(f"dash{os.getpid()}")
+        args = ["--dc", "eu", "--dc-store", eu, "--quorum", joined]
+        server = ServerProcess(top, args=args).start()
+        try:
+            ids = httpx.get(server.url + "/v1/keys/order/ids", params={"count": 250}).json()
+            assert ids["ids"] == list(range(1, 251))
+            quorum = server.url + "/v1/quorum/ticket/ids"
+            assert httpx.get(quorum, params={"count": 5}).json()["start"] == high
+            nodes.servers[2].stop()
+            # The next round goes on the two others; its call to the stopped node fails.
+            assert httpx.get(quorum, params={"count": 5}, timeout=10).json()["start"] == high + 5
+            [served] = httpx.get(server.url + "/v1/stats").json()["keys"]
+            page = render(server.url + "/")
+            ARTIFACTS.mkdir(exist_ok=True)
+            shot = ARTIFACTS / "dashboard-operate.png"
+            shot.unlink(missing_ok=True)
+            chromium(f"--screenshot={shot}", server.url + "/")
+            assert shot.stat().st_size > 10_000
+        finally:
+            server.stop()
+    assert "quorum" not in page.hidden and "dc" not in page.hidden
+    ticket = page.quorum["ticket"]
+    assert ticket["up"] == "2 of 3 up" and ticket["ids"] == "10" and ticket["rounds"] == "2"
+    assert ticket["failures"] == "0" and ticket["burnt"] == "0"
+    hosts = [f"127.0.0.{21 + i}:{s.port}" for i, s in enumerate(nodes.servers)]
+    for host in hosts[:2]:
+        text, classes = page.nodes["ticket", host]
+        assert classes == "node up" and text == f"{host} up {high + 9:,}", text
+    text, classes = page.nodes["ticket", hosts[2]]
+    assert classes == "node down" and text.startswith(f"{hosts[2]} down "), text
+    order = page.dc["order"]
+    assert page.by_id["dc-name"] == "eu" and page.by_id["dc-global"] == "global store reachable"
+    assert order["state"] == "serving" and order["reserved"] == f"1 {DASH} 100,000"
+    assert order["grants"] == "1" and order["preloaded"] == "none"
+    left = int(order["left"].replace(",", ""))
+    assert 99_000 <= left <= 99_750 and order["left"] == f"{left:,}"  # a generator took more
+    assert order["next"] == f"{100_001 - left:,}"
+    current = served["generator"]["current"]  # the datacenter key's generator, in the table
+    assert page.keys["order"]["current"] == f"{current['start']:,} {DASH} {current['stop'] - 1:,}"
+
+
+def test_dashboard_shows_a_retired_datacenter_cut_off(stub: StubServer) -> None:
+    """A datacenter cut off from the global store for 200 s: one key retired (no runway), one
+    with 3 h 12 min of ids left at its rate; the header names every worker's pid."""
+    server = {"version": "9.9.9", "store": "cassandra://db/ids", "pid": 78, "pids": [77, 78]}
+    # The page reads "since" on the server's clock: its start plus its uptime.
+    started = datetime.fromtimestamp(time.time() - 60, UTC).isoformat()
+    server |= {"started_at": started, "uptime_s": 60.0, "ready": True}
+    cell: dict[str, object] = {"key": "fast", "dc": "eu", "reserved": {"start": 1, "stop": 20001}}
+    cell |= {"next_id": 8481, "preloaded": None, "left": 11_520, "rate": 1.0, "grants": 3}
+    cell |= {"runway_s": 11_520.4, "retired": False, "seen_from": "local"}
+    old = cell | {"key": "old", "next_id": 20001, "left": 0, "runway_s": 0.0, "retired": True}
+    counts = {"global_cas": 9, "global_conflicts": 1, "local_conflicts": 2, "grants": 3}
+    counts |= {"preload_failures": 1234, "runway_spent": 0}
+    level = {"reachable": False, "since": time.time() - 200, "error": "connection refused"}
+    datacenter = {"dc": "eu", "global": level, "counts": counts, "keys": [cell, old]}
+    stub.answers = [{"server": server, "keys": [], "datacenter": datacenter}]
+    page = render(stub.url + "/")
+    assert page.by_id["dc-global"].startswith("global store cut off for 3 min ")
+    assert page.classes["dc-global"] == "pill bad"
+    assert "preload failures 1,234" in page.by_id["dc-counts"]
+    assert page.dc["old"]["state"] == "retired" and page.dc["old"]["runway"] == "—"
+    assert page.dc["old"]["left"] == "0" and page.dc["old"]["next"] == "20,001"
+    fast = page.dc["fast"]
+    assert fast["state"] == "serving" and fast["runway"] == "3 h 12 min"
+    assert fast["left"] == "11,520" and fast["reserved"] == f"1 {DASH} 20,000"
+    assert "retired: old" in page.by_id["f-dc"] and "global level cut off" in page.by_id["f-dc"]
+    assert page.by_id["f-pid-label"] == "pids" and page.by_id["f-pid"] == "77, 78"
+    assert "quorum" in page.hidden  # no quorum key served
+
+
+def test_the_workers_views_combine_alike_whichever_answers() -> None:
+    """/v1/stats of several workers (combine_views): a key's row per worker serving it; a
+    quorum node down if its last call failed in any worker; a datacenter's cell as the worker
+    that saw it last has it (retired); the global level's latest change; counts added up."""
+    generator = {"current": {"start": 1, "stop": 101}, "issued": 5}
+    key = {"name": "order", "generator": generator}
+    node = {"url": "redis://n1:6379/0", "up": True, "counter": 10, "last_error": None}
+    node |= {"last_ok_at": 100.0, "in_flight": False, "refused": None}
+    quorum = {"key": "ticket", "nodes": [node], "majority": 1, "ids": 5, "rounds": 1}
+    quorum |= {"retries": 0, "burnt": 0, "requests": 1, "largest_batch": 5, "failures": 0}
+    quorum |= {"last_error": None, "closed": False}
+    cell = {"key": "order", "next_id": 500, "left": 501, "grants": 1, "retired": False}
+    counts = {"grants": 1, "preload_failures": 0}
+    level = {"reachable": True, "since": 100.0, "error": None}
+    flake = {"layout": "twitter", "worker_id": 3, "lease_deadline_s": 9.0, "rollbacks": 0}
+    flake |= {"clock_offset_ms": 1.0, "clock_offset_error_ms": 0.5, "renewals": 4}
+    flake |= {"runway_years": 60.0}
+    first: dict[str, Any] = {"pid": 11, "started": 5.0, "keys": [key], "cas": None}
+    first |= {"snowflake": flake, "quorum": [quorum], "replication": None}
+    first |= {"datacenter": {"dc": "eu", "global": level, "counts": counts, "keys": [cell]}}
+    down = node | {"up": False, "counter": 12, "last_error": "refused", "last_ok_at": 90.0}
+    cut = {"reachable": False, "since": 200.0, "error": "timed out"}
+    retired = cell | {"next_id": 1001, "left": 0, "retired": True}
+    second = first | {"pid": 12, "started": 6.0, "keys": [key | {"generator": None}]}
+    second |= {"snowflake": flake | {"worker_id": 1, "lease_deadline_s": 4.0}}
+    second |= {"quorum": [quorum | {"nodes": [down], "ids": 3}]}
+    second |= {"datacenter": {"dc": "eu", "global": cut, "counts": counts, "keys": [retired]}}
+    whole = combine_views([second, first])
+    assert whole == combine_views([first, second])
+    assert whole["pids"] == [11, 12] and whole["started"] == 5.0
+    assert whole["keys"] == [key | {"pid": 11}]  # worker 12 serves no range of it
+    [ticket] = whole["quorum"]
+    assert ticket["ids"] == 8 and ticket["workers"] == 2
+    assert ticket["nodes"] == [node | {"up": False, "counter": 12, "last_error": "refused"}]
+    dc = whole["datacenter"]
+    assert dc["keys"] == [retired] and dc["global"] == cut and dc["counts"]["grants"] == 2
+    flakes = whole["snowflake"]
+    assert flakes["worker_ids"] == [1, 3] and flakes["lease_deadline_s"] == 4.0
+    assert flakes["renewals"] == 8
+    # One worker serving the key, the other not yet: its row once, with no pid.
+    idle = combine_views([first | {"keys": [key | {"generator": None}]}])
+    assert idle["keys"] == [key | {"generator": None, "pid": None}]

@@ -71,7 +71,9 @@ from .metrics import (
     Exporter,
     RateMeter,
     Sources,
+    WorkerViews,
     cas_counts,
+    combine_views,
     datacenter_stats,
     quorum_stats,
 )
@@ -356,6 +358,9 @@ class App:
         self._counts: dict[str, GeneratorCounts] = {}  # each generator's, as last sampled
         #: prometheus-client: in multiprocess mode under `idmint serve`, the whole server's.
         self.exporter = Exporter(self.config.metrics_keys)
+        #: Each worker's own part of /v1/stats, shared with the others (metrics.WorkerViews):
+        #: with one worker, its own view is the whole.
+        self.views = WorkerViews(self.exporter.path if self.config.workers > 1 else None)
         self._stopped = threading.Event()
         #: The store's identity as last read (StoreIdentity); every answer names it in the
         #: `idmint-store` header, so a client can refuse servers of two different stores.
@@ -499,7 +504,10 @@ class App:
                     c = self._counts[name] = gen.counts()
                     self._rates.setdefault(name, RateMeter()).update(c.issued, now)
             try:
-                self.exporter.sync(self._sources(fresh=False))
+                src = self._sources(fresh=False)
+                self.exporter.sync(src)
+                if self.views.path is not None:
+                    self.views.publish(self._view(src, src.busiest(self.config.metrics_keys)))
             except Exception:  # never the end of the sampling (rates, metrics) for good
                 log.exception("cannot update the metrics")
 
@@ -548,6 +556,7 @@ class App:
         the whole of it)."""
         self.shutting_down = True
         self._stopped.set()
+        self.views.remove()
         for pool in self.pools.values():
             pool.close()
         if self._minter is None:
@@ -1231,16 +1240,6 @@ class App:
             raise HttpError(400, f"at most {NAMED_KEYS_MAX} keys per request, not {len(names)}")
         return [check_key_name(name) for name in dict.fromkeys(names)]
 
-    def _info(self) -> dict[str, Any]:
-        return {
-            "version": __version__,
-            "store": self.minter.url,
-            "store_id": self.identity.id if self.identity else "",
-            "pid": os.getpid(),
-            "started": self.started,
-            "workers": self.config.workers,
-        }
-
     async def metrics(self, request: Request, key: str | None) -> Response:
         """Every worker's series (the aggregates, each worker's busiest keys), or with
         `?key=a&key=b` those keys as the answering process has them (label pid). Rendered on a
@@ -1277,6 +1276,20 @@ class App:
         )
         return _json(body)
 
+    def _view(self, src: Sources, names: list[str]) -> dict[str, Any]:
+        """This process's own part of /v1/stats (metrics.combine_views): keys `names` as its
+        generators have them, and its snowflake worker, quorum keys and datacenter."""
+        return {
+            "pid": os.getpid(),
+            "started": self.started,
+            "keys": [s.as_dict() for name in names if (s := src.snapshot(name)) is not None],
+            "snowflake": src.snowflake,
+            "cas": src.cas,
+            "datacenter": src.datacenter,
+            "quorum": src.quorum,
+            "replication": src.replication,
+        }
+
     def _stats_body(self, names: list[str], everything: bool) -> dict[str, Any]:
         src = self._sources()
         totals = self.exporter.totals(src)
@@ -1285,23 +1298,31 @@ class App:
         elif everything:
             chosen, which = sorted(src.rows)[:STATS_ALL_MAX], "all"
         else:
-            # The busiest, shown by name: rows that keep their place on the dashboard.
-            chosen, which = sorted(src.busiest(self.config.metrics_keys)), "busiest"
-        snapshots = [s for name in chosen if (s := src.snapshot(name)) is not None]
-        info = self._info()
+            chosen, which = src.busiest(self.config.metrics_keys), "busiest"
+        others = self.views.others()
+        if which != "busiest":
+            # Named keys, or all, as this process has them: the others write their busiest only.
+            others = [view | {"keys": []} for view in others]
+        # Every live worker, whichever answers: the dashboard's rows no longer change with it.
+        whole = combine_views([self._view(src, chosen), *others])
+        keys = whole["keys"]
+        if which == "busiest":
+            keys.sort(key=lambda k: str(k["name"]))  # rows that keep their place; by pid within
         server = {
-            "version": info["version"],
-            "store": info["store"],
+            "version": __version__,
+            "store": self.minter.url,
             "store_id": self.identity.id if self.identity else None,
             "store_created_at": (
                 datetime.fromtimestamp(self.identity.created_ms / 1000, UTC).isoformat()
                 if self.identity and self.identity.created_ms
                 else None
             ),
-            "pid": info["pid"],
-            "workers": info["workers"],
-            "started_at": datetime.fromtimestamp(self.started, UTC).isoformat(),
-            "uptime_s": time.time() - self.started,
+            "pid": os.getpid(),  # the answering worker's
+            "pids": whole["pids"],  # every live worker's
+            "workers": self.config.workers,
+            # The oldest live worker's start (each worker's would change with the answer).
+            "started_at": datetime.fromtimestamp(whole["started"], UTC).isoformat(),
+            "uptime_s": time.time() - whole["started"],
             "ready": not self.shutting_down,
         }
         return {
@@ -1310,16 +1331,15 @@ class App:
             # Which keys follow, of how many the store has (as last read).
             "keys_shown": {
                 "which": which,
-                "count": len(snapshots),
+                "count": len({k["name"] for k in keys}),  # keys, not rows (one per worker)
                 "of": len(src.rows),
                 "truncated": which == "all" and len(src.rows) > STATS_ALL_MAX,
             },
-            "keys": [s.as_dict() for s in snapshots],
-            "snowflake": src.snowflake,
-            "cas": src.cas,
-            "datacenter": src.datacenter,
-            "quorum": src.quorum,
-            "replication": src.replication,
+            "keys": keys,
+            **{
+                part: whole[part]
+                for part in ("snowflake", "cas", "datacenter", "quorum", "replication")
+            },
         }
 
     async def openapi(self, request: Request, key: str | None) -> Response:

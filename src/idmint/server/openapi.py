@@ -733,8 +733,8 @@ def _document(version: str) -> dict[str, Any]:
             },
             "/v1/stats": {
                 "get": {
-                    "summary": "Every worker's totals and the busiest keys (or the ones named, "
-                    "or all), with this process's ranges, for the dashboard",
+                    "summary": "Every worker's totals, and the busiest keys with each "
+                    "worker's ranges (the keys named, or all: this process's), for the dashboard",
                     "parameters": [
                         KEYS_QUERY,
                         {

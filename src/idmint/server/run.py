@@ -19,7 +19,7 @@ from ..ids import is_digits
 from ..stores import RangeStore, open_store
 from . import logs
 from .config import FILE_SUFFIX, ServerConfig
-from .metrics import MULTIPROC_ENV
+from .metrics import MULTIPROC_ENV, VIEW_PREFIX
 
 TARGET = "idmint.server.app:create_app"
 
@@ -105,8 +105,15 @@ def _store_down(store: RangeStore) -> str | None:
 
 
 METRICS_PREFIX = "idmint-metrics-"
-# prometheus-client's multiprocess files: counter_<pid>.db, gauge_<mode>_<pid>.db, ...
-METRICS_FILES = ("counter_*.db", "gauge_*.db", "histogram_*.db", "summary_*.db")
+# What a run leaves in the metrics directory: prometheus-client's multiprocess files
+# (counter_<pid>.db, gauge_<mode>_<pid>.db, ...) and each worker's view.
+METRICS_FILES = (
+    "counter_*.db",
+    "gauge_*.db",
+    "histogram_*.db",
+    "summary_*.db",
+    f"{VIEW_PREFIX}*.json",  # each worker's part of /v1/stats (metrics.WorkerViews)
+)
 
 
 @contextlib.contextmanager
