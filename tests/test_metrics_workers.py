@@ -5,6 +5,7 @@ received; promtool accepts the exposition (and rejects a broken one)."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import shutil
 import signal
@@ -18,6 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+import idmint
+from idmint.server.metrics import Exporter, Sources
 
 from http_server import ServerProcess
 from servers import free_port
@@ -262,3 +266,38 @@ def test_the_metrics_directory_is_private_or_the_users(tmp_path: Path) -> None:
         assert own.is_dir() and any(own.glob("counter_*.db"))
     finally:
         server.stop()
+
+
+def test_a_runway_gauge_goes_back_to_inf_when_its_key_goes_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A gauge not written keeps its last value: before, a burst's short runway stayed in
+    # /metrics (and could keep IdmintKeyRunway* firing) after the key went idle.
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with idmint.connect(f"sqlite:///{tmp_path / 'a.db'}") as minter:
+        minter.add_key("k", step=10, max=1000)
+        gen = minter.segment("k")
+        gen.next_id()
+        exporter = Exporter(10)
+
+        def runway(rate: float) -> float:
+            src = Sources(
+                counts={"k": gen.counts()},
+                gens={"k": gen},
+                rates={"k": rate},
+                rows={"k": minter.key("k")},
+                ranges_handed={},
+                handed={},
+                errors={},
+                started=time.time(),
+            )
+            text = exporter.render(src, {})
+            [family] = [
+                f
+                for f in text_string_to_metric_families(text)
+                if f.name == "idmint_key_runway_seconds"
+            ]
+            return float(family.samples[0].value)
+
+        assert runway(10.0) == minter.key("k").remaining / 10.0
+        assert runway(0.0) == math.inf  # the old code left the 10/s runway here

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import json
+import math
 import os
 import threading
 import time
@@ -540,6 +541,13 @@ class Sources:
         return top
 
 
+def _runway(seconds: float | None) -> float:
+    """A runway gauge's value: with no ids going out (no rate), none runs out: +Inf. Written,
+    not left out, as a gauge not written keeps its last value: a burst's short runway would
+    stay on the graphs, and in the alerts, after the burst."""
+    return math.inf if seconds is None else seconds
+
+
 def key_values(name: str, src: Sources) -> list[tuple[str, float]]:
     """The per-key series of one key as this process sees them: (metric, value)."""
     out: list[tuple[str, float]] = [("idmint_ranges_handed_total", src.ranges_handed.get(name, 0))]
@@ -566,8 +574,7 @@ def key_values(name: str, src: Sources) -> list[tuple[str, float]]:
         out.append(("idmint_key_stripes", snapshot.key.stripes))
         if snapshot.key.bounded:
             out.append(("idmint_key_remaining", snapshot.key.remaining))
-        if snapshot.runway_s is not None:
-            out.append(("idmint_key_runway_seconds", snapshot.runway_s))
+            out.append(("idmint_key_runway_seconds", _runway(snapshot.runway_s)))
     return out
 
 
@@ -700,8 +707,11 @@ class Exporter:
             for seen in src.datacenter["keys"]:
                 if seen["key"] in chosen:
                     for name, field_ in DC_KEY_FIELDS:
-                        if seen[field_] is not None:
-                            self._put(name, (seen["key"], dc), float(seen[field_]))
+                        value = seen[field_]
+                        if field_ == "runway_s" and seen["left"] is not None:
+                            value = _runway(value)
+                        if value is not None:
+                            self._put(name, (seen["key"], dc), float(value))
             reachable = src.datacenter["global"]["reachable"]
             if reachable is not None:
                 self._put("idmint_dc_global_up", (dc,), float(reachable))
