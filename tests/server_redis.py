@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import redis
@@ -68,6 +69,9 @@ class RedisServer(Pausable):
             *("--save", "", "--appendonly", "no" if self.appendfsync is None else "yes"),
             *("--appendfsync", self.appendfsync or "always"),
             *("--daemonize", "no", "--protected-mode", "no"),
+            # A primary starts a replica's first sync at once, not after Redis's 5 s wait for
+            # more replicas to share it: each replicated pair in the tests came up 5 s later.
+            *("--repl-diskless-sync-delay", "0"),
         ]
         if self.replica_of is not None:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
@@ -103,12 +107,19 @@ class RedisServer(Pausable):
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # Again every half second: Redis refuses a SIGTERM, once, while it writes its first
+        # append-only file ("Writing initial AOF, can't exit"), which a replica just synced
+        # or promoted does; one signal left such a server running until the kill below.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            proc.terminate()
+            try:
+                proc.wait(timeout=0.5)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+        proc.kill()
+        proc.wait()
 
     def restart(self) -> None:
         self.stop()
