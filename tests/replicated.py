@@ -228,6 +228,9 @@ class Forwarder:
 
     def __exit__(self, *exc: object) -> None:
         self._closed = True
+        # close() alone does not wake a thread blocked in accept() (Linux): shutdown does.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._cut()
 
