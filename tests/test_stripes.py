@@ -147,7 +147,7 @@ def test_backoff_waits_are_random_then_grow_with_the_attempt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("idmint.stores.cas_ranges.time.sleep", slept.append)
+    monkeypatch.setattr("idmint.stores.cas_loop.time.sleep", slept.append)
     backoff = Backoff(initial=0.01, longest=1.0, deadline=60.0)
     firsts = []
     for _ in range(20):

@@ -13,6 +13,8 @@
      │    ├── CounterWentBack    a key's counter moved below ids this process took: data lost
      │    ├── RunwaySpent        a datacenter used up its reservation and the global store is
      │    │                      out of reach (a partition): it serves again when that heals
+     │    ├── LostReservations   a datacenter's cell and the global one disagree (data lost): it
+     │    │                      takes no reservation until `idmint dc reset`
      │    └── QuorumUnavailable  no majority of a quorum key's nodes accepted a round in time
      ├── WorkersExhausted       every worker id of a namespace is leased
      ├── WorkerInUse            a static worker id is held by another live process
@@ -159,6 +161,12 @@ class RunwaySpent(StoreUnavailable):
             "store answers; give it a longer runway: idmint dc set KEY --runway)"
         )
         self.key, self.dc, self.reason = key, dc, reason
+
+
+class LostReservations(StoreUnavailable):
+    """A datacenter's cell and the global cell disagree in a way only lost data explains (a
+    store restored from an older copy or wiped, or the key made again): the datacenter stops
+    taking reservations until an operator resets it (`idmint dc reset`)."""
 
 
 class QuorumUnavailable(StoreUnavailable):

@@ -12,17 +12,14 @@ import asyncio
 import contextlib
 import functools
 import gc
-import hmac
 import ipaddress
-import json
 import logging
 import math
 import os
-import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import asdict, dataclass
+from collections.abc import MutableMapping
+from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -30,16 +27,10 @@ from urllib.parse import parse_qs
 
 from .. import __version__
 from .._errors import (
-    ClockMovedBackwards,
-    Closed,
     Exhausted,
     IdmintError,
-    InvalidArgument,
-    KeyExists,
     KeyNotFound,
-    LeaseLost,
     StoreUnavailable,
-    WorkersExhausted,
 )
 from .._minter import Minter, allocate_any, connect
 from ..ids import (
@@ -65,6 +56,32 @@ from ..strategies.segment import GeneratorCounts, SegmentGenerator, SegmentOptio
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 from .budget import IdBudget, OverBudget
 from .config import ServerConfig
+from .dropin import (
+    COSID_DISTRIBUTOR,
+    COSID_ID,
+    COSID_SEGMENT,
+    ID_ROUTES,
+    QUERY_TOKEN,
+    TINYID_IDS,
+    TINYID_IDS_SIMPLE,
+    TINYID_SEGMENT,
+    TINYID_SEGMENT_SIMPLE,
+    DropIn,
+)
+from .http import (
+    MAX_IDS,
+    MAX_RANGE,
+    NUMBER,
+    STATUS_OF,
+    TEXT,
+    Handler,
+    HttpError,
+    Request,
+    Response,
+    bearer_in,
+    bearer_is,
+    json_response,
+)
 from .metrics import (
     RATE_WINDOW,
     Counters,
@@ -82,12 +99,10 @@ from .pools import Pool, PoolTimeout
 
 log = logging.getLogger("idmint.server")
 
-MAX_IDS = 100_000
 #: The largest `max` of a key made over HTTP: what a key with the most stripes may have, which
 #: /openapi.json can state for every request (a key's bound depends on its stripes). Leaving
 #: max out gives the key the highest it may have.
 HTTP_KEY_MAX = ID_MAX + 1 - MAX_STRIPES
-MAX_RANGE = BATCH_CAP_MAX
 MAX_QUORUM = 1_000_000  # ids per quorum request: a range, however many
 MAX_BODY = 64 * 1024
 NEGATIVE_CACHE_SECONDS = 1.0
@@ -99,8 +114,6 @@ ADMIN_THREADS, ADMIN_SLOTS = 4, 16
 PROBE_THREADS, PROBE_SLOTS = 4, 16
 CLOSE_SHARE = 0.6  # of the shutdown timeout, for giving unused ids back
 
-TEXT = "text/plain; charset=utf-8"
-JSON = "application/json"
 HTML = "text/html; charset=utf-8"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 _HOT_HEADERS = [("content-type", TEXT)]
@@ -140,80 +153,6 @@ NAMED_KEYS_MAX = 1000
 #: How long /metrics and /v1/stats may take on their probe thread (no store call: the
 #: multiprocess collection of every worker's files), within Prometheus's default 10 s timeout.
 RENDER_DEADLINE = 8.0
-_NUMBER = re.compile(r"[0-9]{1,19}")
-
-STATUS_OF: list[tuple[type[IdmintError], int]] = [
-    (InvalidArgument, 400),
-    (KeyNotFound, 404),
-    (KeyExists, 409),
-    (Exhausted, 410),
-    (StoreUnavailable, 503),
-    (Closed, 503),
-    (LeaseLost, 503),
-    (ClockMovedBackwards, 503),
-    (WorkersExhausted, 503),
-]
-
-
-@dataclass
-class Response:
-    status: int
-    body: str
-    content_type: str = TEXT
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()):
-        super().__init__(reason)
-        self.status, self.reason, self.headers = status, reason, headers
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: str
-    authorization: str | None
-    client: str
-    body: bytes
-    #: The body was over MAX_BODY: the shell stopped reading it (and `body` is empty).
-    oversized: bool = False
-
-    def param(self, name: str, default: int, maximum: int) -> int:
-        """An integer query parameter in [1, maximum]; anything else is a 400."""
-        values = parse_qs(self.query, keep_blank_values=True).get(name)
-        if not values:
-            return default
-        text = values[-1].strip()
-        if not _NUMBER.fullmatch(text) or not 1 <= int(text) <= maximum:
-            raise HttpError(400, f"{name} must be an integer from 1 to {maximum}, not {text!r}")
-        return int(text)
-
-    def stripe(self) -> int | None:
-        """The `stripe` query parameter: None when absent, else an integer from 0 to
-        MAX_STRIPES - 1 (whether the key has it is checked against the key)."""
-        values = parse_qs(self.query, keep_blank_values=True).get("stripe")
-        if not values:
-            return None
-        text = values[-1].strip()
-        if not _NUMBER.fullmatch(text) or not 0 <= int(text) < MAX_STRIPES:
-            raise HttpError(
-                400, f"stripe must be an integer from 0 to {MAX_STRIPES - 1}, not {text!r}"
-            )
-        return int(text)
-
-    def json(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.body or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise HttpError(400, f"the body is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise HttpError(400, "the body must be a JSON object")
-        return data
-
-
-Handler = Callable[[Request, str | None], Awaitable[Response]]
 
 
 _CLOSE = (("connection", "close"),)
@@ -265,37 +204,11 @@ def _check_cap(row: Key, asked: int, what: str) -> None:
     )
 
 
-def _bearer_in(authorization: str | None, accepted: tuple[str, ...]) -> bool:
-    """Whether the header is exactly one of the `accepted` ones (the hot path's check)."""
-    if authorization is None:
-        return False
-    given = authorization.encode("utf-8", "backslashreplace")
-    found = False
-    for header in accepted:  # every one compared, in constant time
-        found |= hmac.compare_digest(given, header.encode("utf-8"))
-    return found
-
-
-def _bearer_is(authorization: str | None, token: str) -> bool:
-    """Whether an Authorization header carries `token` as a bearer token. Compared as bytes:
-    compare_digest refuses str with non-ASCII characters (a TypeError: a 500 on every request),
-    and the ASGI shell hands over header bytes as latin-1 text."""
-    scheme, _, value = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    given = value.strip().encode("utf-8", "backslashreplace")
-    return hmac.compare_digest(given, token.encode("utf-8"))
-
-
 def _is_loopback(client: str) -> bool:
     try:
         return ipaddress.ip_address(client).is_loopback
     except ValueError:
         return False
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(data, separators=(",", ":")), JSON)
 
 
 def _int_field(data: dict[str, Any], name: str, default: int) -> int:
@@ -332,9 +245,7 @@ class App:
         self.started = time.time()
         self.shutting_down = False
         self.counters = Counters()
-        from . import dropin as peers  # tinyid's and CosId's routes; it uses this module
-
-        self._dropin = peers.DropIn(self)
+        self._dropin = DropIn(self)  # tinyid's and CosId's routes
         # Every id route from the start, so a request adds to an entry that is there; the hot
         # path counts its ids apart (hot_handed), added to Leaf's route when metrics are read.
         for route in (
@@ -344,7 +255,7 @@ class App:
             SNOWFLAKE_ROUTE,
             SNOWFLAKE_IDS_ROUTE,
             QUORUM_ROUTE,
-            *peers.ID_ROUTES,
+            *ID_ROUTES,
         ):
             self.counters.handed[route] = 0
         self.hot_handed = 0
@@ -408,17 +319,17 @@ class App:
             DECODE_ROUTE: {"GET": (self.snowflake_decode, OPEN)},
             # Drop-in routes (dropin.py): tinyid's take the client token as `token=` too.
             **{
-                route: dict.fromkeys(SPRING_METHODS, (handler, peers.QUERY_TOKEN))
+                route: dict.fromkeys(SPRING_METHODS, (handler, QUERY_TOKEN))
                 for route, handler in (
-                    (peers.TINYID_IDS, self._dropin.tinyid_ids),
-                    (peers.TINYID_IDS_SIMPLE, self._dropin.tinyid_ids_simple),
-                    (peers.TINYID_SEGMENT, self._dropin.tinyid_segment),
-                    (peers.TINYID_SEGMENT_SIMPLE, self._dropin.tinyid_segment_simple),
+                    (TINYID_IDS, self._dropin.tinyid_ids),
+                    (TINYID_IDS_SIMPLE, self._dropin.tinyid_ids_simple),
+                    (TINYID_SEGMENT, self._dropin.tinyid_segment),
+                    (TINYID_SEGMENT_SIMPLE, self._dropin.tinyid_segment_simple),
                 )
             },
-            peers.COSID_ID: {"GET": (self._dropin.cosid_id, IDS)},
-            peers.COSID_SEGMENT: {"PATCH": (self._dropin.cosid_segment, IDS)},
-            peers.COSID_DISTRIBUTOR: {"POST": (self._dropin.cosid_distributor, IDS)},
+            COSID_ID: {"GET": (self._dropin.cosid_id, IDS)},
+            COSID_SEGMENT: {"PATCH": (self._dropin.cosid_segment, IDS)},
+            COSID_DISTRIBUTOR: {"POST": (self._dropin.cosid_distributor, IDS)},
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -588,7 +499,7 @@ class App:
             gen = self._gens.get(path[len(_HOT_PREFIX) :])
             if gen is not None and (
                 not self._id_bearers
-                or _bearer_in(scope.headers.get("authorization"), self._id_bearers)
+                or bearer_in(scope.headers.get("authorization"), self._id_bearers)
             ):
                 try:
                     i = gen.try_next_id()
@@ -733,7 +644,7 @@ class App:
         with --admin-loopback (behind a reverse proxy on the same host every client is
         loopback, so that is never the default)."""
         token = self.config.token
-        if token and _bearer_is(request.authorization, token):
+        if token and bearer_is(request.authorization, token):
             return
         if self.config.admin_loopback and _is_loopback(request.client):
             return
@@ -759,7 +670,7 @@ class App:
         """With a client token set, the routes that hand out ids need it (or the admin
         token): without a credential, anyone could burn a key's ids for good."""
         for token in (self.config.client_token, self.config.token):
-            if token and _bearer_is(request.authorization, token):
+            if token and bearer_is(request.authorization, token):
                 return
         raise HttpError(
             401,
@@ -893,7 +804,7 @@ class App:
         assert key is not None
         ids = await self._take_ids(key, request.param("count", 1, MAX_IDS), "count")
         self.counters.handed[IDS_ROUTE] += len(ids)
-        return _json({"key": key, "ids": ids})
+        return json_response({"key": key, "ids": ids})
 
     async def _take_ids(self, key: str, count: int, what: str) -> list[int]:
         """`count` ids from the key's generator, within its batch cap (`what` names the count
@@ -910,7 +821,7 @@ class App:
         stripe = request.stripe()  # absent: any stripe with ids left, the store's choice
         taken, row = await self._allocate(key, size, stripe)
         self.counters.handed[RANGES_ROUTE] += len(taken.range)
-        return _json(
+        return json_response(
             {
                 "key": key,
                 **taken.range.as_dict(),
@@ -998,7 +909,7 @@ class App:
         # No per-key cap here: a snowflake generator cannot run ahead of the clock, so a large
         # batch costs time (up to 100,000 ids, 25 ms of a twitter layout's ids), not ids.
         self.counters.handed[SNOWFLAKE_IDS_ROUTE] += len(ids)
-        return _json({"ids": ids})
+        return json_response({"ids": ids})
 
     # -- quorum keys -------------------------------------------------------------------------
 
@@ -1027,16 +938,16 @@ class App:
             self._quorums[key] = gen
         ids = await gen.take_async(count, until=until)
         self.counters.handed[QUORUM_ROUTE] += len(ids)
-        return _json({"key": key, "start": ids.start, "stop": ids.stop, "count": len(ids)})
+        return json_response({"key": key, "start": ids.start, "stop": ids.stop, "count": len(ids)})
 
     def _decode(self, text: str) -> dict[str, Any]:
-        if not _NUMBER.fullmatch(text):
+        if not NUMBER.fullmatch(text):
             raise HttpError(400, f"{text!r} is not an id: ids are non-negative integers")
         return layout_named(self.config.snowflake_layout).decode(int(text)).as_dict()
 
     async def snowflake_decode(self, request: Request, key: str | None) -> Response:
         assert key is not None
-        return _json(self._decode(key))
+        return json_response(self._decode(key))
 
     async def leaf_decode(self, request: Request, key: str | None) -> Response:
         # Leaf's LeafMonitorController.decodeSnowflakeId: all strings, the timestamp as
@@ -1048,10 +959,10 @@ class App:
         try:
             parts = self._decode(values[-1].strip())
         except (HttpError, IdmintError) as exc:
-            return _json({"errorMsg": " ".join(str(exc).split())})
+            return json_response({"errorMsg": " ".join(str(exc).split())})
         ms = parts["unix_ms"]
         local = datetime.fromtimestamp(ms // 1000).strftime("%Y-%m-%d %H:%M:%S")
-        return _json(
+        return json_response(
             {
                 "timestamp": f"{ms}({local}.{ms % 1000:03d})",
                 "workerId": str(parts["worker"]),
@@ -1063,13 +974,13 @@ class App:
 
     async def list_keys(self, request: Request, key: str | None) -> Response:
         keys = await self.pools["admin"].run(self._store_deadline, self.minter.keys)
-        return _json({"keys": [k.as_dict() for k in self._keep_rows(keys)]})
+        return json_response({"keys": [k.as_dict() for k in self._keep_rows(keys)]})
 
     async def show_key(self, request: Request, key: str | None) -> Response:
         assert key is not None
         shown = await self.pools["admin"].run(self._store_deadline, self.minter.key, key)
         self._key_rows[key] = shown
-        return _json(shown.as_dict())
+        return json_response(shown.as_dict())
 
     async def update_key(self, request: Request, key: str | None) -> Response:
         assert key is not None
@@ -1083,7 +994,7 @@ class App:
             _int_field(data, "max_batch", 0),
         )
         self._key_rows[key] = updated
-        return _json(updated.as_dict())
+        return json_response(updated.as_dict())
 
     async def add_key(self, request: Request, key: str | None) -> Response:
         data = request.json()
@@ -1122,7 +1033,7 @@ class App:
         )
         self._missing.pop(name, None)
         self._key_rows[name] = created
-        return _json(created.as_dict(), 201)
+        return json_response(created.as_dict(), 201)
 
     async def raise_key(self, request: Request, key: str | None) -> Response:
         assert key is not None
@@ -1134,7 +1045,7 @@ class App:
             self._store_deadline, self.minter.raise_floor, key, to
         )
         self._key_rows[key] = raised
-        return _json(raised.as_dict())
+        return json_response(raised.as_dict())
 
     # -- operations --------------------------------------------------------------------------
 
@@ -1274,7 +1185,7 @@ class App:
         body = await self.pools["probe"].run(
             RENDER_DEADLINE, self._stats_body, names, everything in ("1", "true")
         )
-        return _json(body)
+        return json_response(body)
 
     def _view(self, src: Sources, names: list[str]) -> dict[str, Any]:
         """This process's own part of /v1/stats (metrics.combine_views): keys `names` as its
@@ -1343,7 +1254,7 @@ class App:
         }
 
     async def openapi(self, request: Request, key: str | None) -> Response:
-        return _json(openapi_document(__version__))
+        return json_response(openapi_document(__version__))
 
     async def dashboard(self, request: Request, key: str | None) -> Response:
         if self._dashboard is None:

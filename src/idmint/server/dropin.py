@@ -16,23 +16,24 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from .._errors import IdmintError
-from ..ids import ID_MAX, KEY_NAME_PATTERN, check_key_name, is_digits
-from .app import (
+from ..ids import ID_MAX, KEY_NAME_PATTERN, Allocation, Key, check_key_name, is_digits
+from .config import ServerConfig
+from .http import (
     MAX_IDS,
     MAX_RANGE,
     STATUS_OF,
-    App,
     HttpError,
     Request,
     Response,
-    _bearer_in,
-    _bearer_is,
-    _json,
+    bearer_in,
+    bearer_is,
+    json_response,
 )
+from .metrics import Counters
 from .pools import PoolTimeout
 
 TINYID_PREFIX = "/tinyid/id/"
@@ -71,10 +72,28 @@ def _path_part(text: str, what: str) -> str:
     return text
 
 
+class IdRoutes(Protocol):
+    """What the drop-in routes use of the App (server/app.py) that builds them: its id
+    paths, config and counters. Stated here so that this module does not import app.py,
+    which imports it (imports point one way; tests/test_layers.py)."""
+
+    config: ServerConfig
+    counters: Counters
+    _id_bearers: tuple[str, ...]
+
+    async def _key_row(self, key: str) -> Key: ...
+
+    async def _take_ids(self, key: str, count: int, what: str) -> list[int]: ...
+
+    async def _allocate(
+        self, key: str, size: int | None, stripe: int | None
+    ) -> tuple[Allocation, Key]: ...
+
+
 class DropIn:
     """The handlers of the drop-in routes, on the app's generators, allocations and counters."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: IdRoutes) -> None:
         self.app = app
 
     # -- routing -----------------------------------------------------------------------------
@@ -117,11 +136,11 @@ class DropIn:
         if not accepted:
             return True
         given = parse_qs(request.query, keep_blank_values=True).get("token")
-        if given and _bearer_in(f"Bearer {given[-1]}", accepted):
+        if given and bearer_in(f"Bearer {given[-1]}", accepted):
             return True
         config = self.app.config  # a bearer header, spelt as the other id routes take it
         tokens = (t for t in (config.client_token, config.token) if t)
-        return any(_bearer_is(request.authorization, token) for token in tokens)
+        return any(bearer_is(request.authorization, token) for token in tokens)
 
     async def _tinyid(self, request: Request, route: str, take: Take) -> Response:
         """tinyid's JSON form (`{"data", "code", "message"}`, HTTP 200 as tinyid answers, but
@@ -147,13 +166,13 @@ class DropIn:
                 raise  # the router answers it: a status and a one-line reason
             status, reason = self._failure(route, exc)
             if status == 401:
-                return _json({"data": None, "code": TOKEN_ERR, "message": "token is error"})
+                return json_response({"data": None, "code": TOKEN_ERR, "message": "token is error"})
             body = {"data": None, "code": SYS_ERR, "message": reason}
-            return _json(body, 400 if status == 400 else 200)
+            return json_response(body, 400 if status == 400 else 200)
         self.app.counters.handed[route] += handed
         if simple:
             return Response(200, text)
-        return _json({"data": data, "code": TINYID_OK, "message": ""})
+        return json_response({"data": data, "code": TINYID_OK, "message": ""})
 
     async def _ids(self, request: Request, key: str) -> tuple[Any, str, int]:
         given = parse_qs(request.query, keep_blank_values=True).get("batchSize") or []
@@ -209,13 +228,13 @@ class DropIn:
         except (HttpError, IdmintError, PoolTimeout) as exc:
             status, reason = self._failure(route, exc)
             headers = exc.headers if isinstance(exc, HttpError) else ()
-            response = _json({"code": str(status), "msg": reason, "errors": []}, status)
+            response = json_response({"code": str(status), "msg": reason, "errors": []}, status)
             response.headers = headers
             return response
         if value is None:  # createDistributor: Spring's empty 200 for a void method
             return Response(200, "")
         self.app.counters.handed[route] += handed
-        return _json(value)
+        return json_response(value)
 
     async def cosid_id(self, request: Request, key: str | None) -> Response:
         """One id of key `key`: a bare JSON number, as CosId's `GET /ids/{name}`."""

@@ -14,8 +14,9 @@ from ._sql_leases import SqlLeaseStore
 from ._sql_quorum import SqlQuorumNode
 from ._urls import redact, scrub
 from .base import CasStore, LeaseStore, RangeStore, StoreIdentity
+from .cas_loop import Backoff
 from .cas_quorum import CasQuorumNode
-from .cas_ranges import Backoff, CasRangeStore
+from .cas_ranges import CasRangeStore
 from .engine import Engine
 
 DEFAULT_STORE_URL = "sqlite:///./idmint.db"

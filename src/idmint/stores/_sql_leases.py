@@ -14,15 +14,14 @@ never wait behind it.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import uuid
 from dataclasses import replace
 from typing import Any
 
-from .._errors import LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
+from .._errors import LeaseLost, StoreUnavailable, WorkerInUse
 from ._sql import RESERVED_TABLE, Dialect, SqlConnection
-from .base import Lease, WorkerInfo, check_claim, forgotten, pick_worker
+from .base import Lease, WorkerInfo, check_claim, forgotten
+from .leasing import HOLDER_NAME_MAX, choose_worker, holder_name
 
 WORKERS_TABLE = "idmint_workers"
 CREATE_WORKERS_TABLE = f"""
@@ -30,7 +29,7 @@ CREATE TABLE IF NOT EXISTS {WORKERS_TABLE} (
     namespace  VARCHAR(128) NOT NULL,
     worker_id  INTEGER      NOT NULL,
     owner      VARCHAR(64)  NOT NULL DEFAULT '',
-    host       VARCHAR(255) NOT NULL DEFAULT '',
+    host       VARCHAR({HOLDER_NAME_MAX}) NOT NULL DEFAULT '',
     expires_ms BIGINT       NOT NULL DEFAULT 0,
     horizon_ms BIGINT       NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, worker_id)
@@ -40,11 +39,6 @@ CREATE TABLE IF NOT EXISTS {WORKERS_TABLE} (
 # Each lost round means another process took a worker id or inserted a row meanwhile: this
 # bounds only pathological contention.
 ACQUIRE_ATTEMPTS = 100
-
-
-def holder_name() -> str:
-    """Who holds a lease, for `idmint workers list`: host and process id."""
-    return f"{socket.gethostname()}:{os.getpid()}"[:255]
 
 
 class SqlLeaseStore(SqlConnection):
@@ -132,9 +126,7 @@ class SqlLeaseStore(SqlConnection):
                 cur.execute(self._reserved, (namespace,))
                 reserved = {int(r[0]) for r in cur.fetchall()}
                 candidates = (w for w in range(workers) if w not in reserved and free(rows.get(w)))
-                chosen = pick_worker(candidates, floor, now_ms)
-                if chosen is None:
-                    raise WorkersExhausted(namespace, workers)
+                chosen = choose_worker(namespace, workers, candidates, floor, now_ms)
             else:
                 chosen = claim
                 row = rows.get(chosen)

@@ -9,7 +9,6 @@ is never served.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -318,20 +317,3 @@ def check_claim(worker_id: int, workers: int) -> int:
             f"worker id {worker_id} does not fit: the layout has {workers} worker ids"
         )
     return worker_id
-
-
-def pick_worker(
-    free: Iterable[int], floor_ms: Callable[[int], int], now_ms: int | None, *, looks: int = 0
-) -> int | None:
-    """The worker id `acquire` takes among `free` (ascending): the first whose floor is at
-    most now_ms, else the first; None if there is none. With `looks`, at most that many
-    floors are read (for stores where each is a round trip)."""
-    first = None
-    for looked, worker_id in enumerate(free):
-        if first is None:
-            first = worker_id
-        if now_ms is None or (looks and looked >= looks):
-            break
-        if floor_ms(worker_id) <= now_ms:
-            return worker_id
-    return first

@@ -5,10 +5,7 @@ Each key is one cell, `key/NAME`, holding stripe 0's counter and the key's setti
 striped key keeps stripe k's counter in its own cell, `key/NAME#k`, so stripes never contend
 with each other (Broadcast's lock striping). An allocation reads its stripe's cell and swaps
 in the counter moved past the range; when another process swapped first it backs off and
-reads again. The back-off is Broadcast's, made stricter: a random first wait, multiplied by
-the attempt, until a deadline, then StoreUnavailable. Random first waits keep clients that
-collided from colliding again in lockstep; growing waits keep a crowd from burning the
-engine's capacity on conflicts.
+reads again (cas_loop.py: Broadcast's back-off, made stricter).
 
 A stripe's cell is made with the key; if that was cut short (a crash between the cells), the
 first allocation on the stripe makes it from the key's cell, so there is one way to make it.
@@ -18,13 +15,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from .._errors import InvalidArgument, KeyExists, KeyNotFound, StoreUnavailable
+from .._errors import KeyExists, KeyNotFound
 from .._fork import private_random
 from ..ids import (
     Allocation,
@@ -38,6 +34,8 @@ from ..ids import (
 )
 from . import fences
 from .base import CasStore, StoreIdentity
+from .cas_loop import Backoff as Backoff  # its public path, kept
+from .cas_loop import cas_update
 
 T = TypeVar("T")
 
@@ -48,78 +46,6 @@ _jitter = private_random()
 def cell_name(name: str, stripe: int = 0) -> str:
     """The cell of a key's stripe: stripe 0's is the key's own."""
     return f"{KEY_PREFIX}{name}" if stripe == 0 else f"{KEY_PREFIX}{name}#{stripe}"
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Waits between compare-and-set attempts that lost (Broadcast's random back-off).
-
-    The first wait is random in [0, 2 x `initial`) seconds, drawn once per operation; the
-    n-th is n times it, up to `longest`: without that cap a writer that lost a few times
-    waits ever longer while newcomers, starting again from short waits, win (starvation).
-    Past `deadline` seconds of trying the operation fails with StoreUnavailable.
-    """
-
-    initial: float = 0.004
-    longest: float = 0.05
-    deadline: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.initial < 0 or self.longest < 0 or self.deadline <= 0:
-            raise InvalidArgument(
-                "back-off: initial and longest must be at least 0, deadline above 0"
-            )
-
-    def waits(self, what: str) -> Callable[[], None]:
-        """A function to call after each lost attempt of one operation: it sleeps, or raises
-        StoreUnavailable once the deadline has passed."""
-        first = _jitter.uniform(0.0, 2.0 * self.initial)
-        give_up = time.monotonic() + self.deadline
-        attempt = 0
-
-        def wait() -> None:
-            nonlocal attempt
-            attempt += 1
-            left = give_up - time.monotonic()
-            if left <= 0:
-                raise StoreUnavailable(
-                    f"{what}: {attempt} compare-and-set attempts lost to other writers within "
-                    f"{self.deadline:g} s; too many processes on one counter (give the key "
-                    "stripes: idmint keys add NAME --stripes N)"
-                )
-            time.sleep(min(first * attempt, self.longest, left))
-
-        return wait
-
-
-def cas_update(
-    cas: CasStore,
-    cell: str,
-    attempt: Callable[[], tuple[int | None, str | None, T]],
-    backoff: Backoff,
-    what: str,
-    on_lost: Callable[[], None] | None = None,
-) -> tuple[T, int]:
-    """The compare-and-set loop every strategy over cells uses. `attempt` reads what it needs
-    and returns (the version to swap against, or None to create the cell; the new value, or
-    None to write nothing; the result). A lost swap (or create) calls `on_lost`, backs off
-    and attempts again, until the back-off's deadline. Returns the result and how many
-    attempts were lost."""
-    wait: Callable[[], None] | None = None
-    lost = 0
-    while True:
-        version, value, result = attempt()
-        if value is None:
-            return result, lost
-        done = cas.create(cell, value) if version is None else cas.swap(cell, version, value)
-        if done:
-            return result, lost
-        lost += 1
-        if on_lost is not None:
-            on_lost()
-        if wait is None:
-            wait = backoff.waits(what)
-        wait()
 
 
 def _fenced(cell: str, value: str, gap: int) -> str:

@@ -57,15 +57,14 @@ from .._errors import (
     LeaseLost,
     StoreUnavailable,
     WorkerInUse,
-    WorkersExhausted,
 )
 from .._fork import ForkAware, orphan
 from ..ids import is_digits
-from ._sql_leases import holder_name
 from ._urls import ENCODE_HINT, misplaced_at, scrub
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .cas_ranges import CasRangeStore
 from .engine import Engine
+from .leasing import choose_worker, holder_name
 
 T = TypeVar("T")
 
@@ -867,9 +866,9 @@ class CassandraLeaseStore(_Capability):
                     for w in range(workers)
                     if _is_free(rows.get(w)) and not (rows.get(w) or {}).get("reserved")
                 )
-                chosen = pick_worker(candidates, functools.partial(_stored, rows), now_ms)
-                if chosen is None:
-                    raise WorkersExhausted(namespace, workers)
+                chosen = choose_worker(
+                    namespace, workers, candidates, functools.partial(_stored, rows), now_ms
+                )
             else:
                 chosen = claim
                 row = rows.get(chosen)

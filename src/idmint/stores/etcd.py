@@ -32,15 +32,15 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkerInUse, WorkersExhausted
+from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkerInUse
 from .._fork import ForkAware, orphan
 from ._http import Connections, NoAnswer, NotSent
-from ._sql_leases import holder_name
 from ._urls import scrub
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .cas_quorum import CasQuorumNode
 from .cas_ranges import CasRangeStore
 from .engine import Engine
+from .leasing import choose_worker, holder_name
 
 DATE_STEP_MS = 1000  # an HTTP Date header counts whole seconds
 ATTEMPTS = 100  # optimistic transactions lost in a row to concurrent writers: each lost one
@@ -302,13 +302,13 @@ class EtcdLeaseStore(ForkAware):
             for _ in range(ATTEMPTS):
                 held, horizons, reserved = self._scanned(namespace, answer)
                 if claim is None:
-                    free = pick_worker(
+                    free = choose_worker(
+                        namespace,
+                        workers,
                         (w for w in range(workers) if w not in held and w not in reserved),
                         functools.partial(_stored_floor, horizons),
                         now_ms,
                     )
-                    if free is None:
-                        raise WorkersExhausted(namespace, workers)
                 else:
                     free = claim
                     if free in held:

@@ -12,7 +12,8 @@ import threading
 import uuid
 
 from .base import StoreIdentity
-from .cas_ranges import Backoff, CasRangeStore
+from .cas_loop import Backoff
+from .cas_ranges import CasRangeStore
 
 _named: dict[str, MemoryCasStore] = {}
 _identities: dict[str, StoreIdentity] = {}  # of named stores: their cells' and leases'

@@ -8,8 +8,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .._errors import LeaseLost, WorkerInUse, WorkersExhausted
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten, pick_worker
+from .._errors import LeaseLost, WorkerInUse
+from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
+from .leasing import choose_worker
 from .memory import named_identity
 
 
@@ -59,9 +60,9 @@ class MemoryLeaseStore:
                 candidates = (
                     w for w in range(workers) if (namespace, w) not in self._reserved and free(w)
                 )
-                worker_id = pick_worker(candidates, lambda w: slot(w).horizon_ms, now_ms)
-                if worker_id is None:
-                    raise WorkersExhausted(namespace, workers)
+                worker_id = choose_worker(
+                    namespace, workers, candidates, lambda w: slot(w).horizon_ms, now_ms
+                )
                 static = False
             else:
                 check_claim(worker_id, workers)

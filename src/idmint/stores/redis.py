@@ -25,12 +25,10 @@ raise (caught at the next renewal) or the last swaps (ids handed out again: see 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -44,10 +42,13 @@ from .._errors import (
 )
 from ..ids import is_digits
 from ._once import Once
+from ._redis import RedisErrors
+from ._redis import weak_persistence as weak_persistence  # its public path, kept
 from ._urls import ENCODE_HINT, misplaced_at, scrub
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .cas_ranges import CasRangeStore
 from .engine import Engine
+from .leasing import holder_name
 from .redis_failover import RedisFailover, guarded
 from .redis_quorum import RedisQuorumNode
 from .replication import (
@@ -178,11 +179,6 @@ return 0
 """
 
 
-def _holder_name() -> str:
-    """Who holds a lease, for `idmint workers list`: host and process id."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def _glob_escape(text: str) -> str:
     """`text` as a literal inside a SCAN MATCH pattern."""
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
@@ -261,7 +257,7 @@ class RedisLeaseStore:
             namespace,
             workers,
             owner,
-            _holder_name(),
+            holder_name(),
             _ms(ttl),
             horizon_ms,
             "" if now_ms is None else now_ms,
@@ -403,31 +399,6 @@ _log = logging.getLogger(__name__)
 _warned = Once()  # the stores whose weak persistence was logged
 
 
-@dataclass(frozen=True)
-class _RedisErrors:
-    """redis-py's exception classes (the driver is imported only when a redis:// URL is opened)."""
-
-    any: type[Exception]  # RedisError: every failure of the store
-    broken: type[Exception]  # ConnectionError: the connection broke, or could not be made
-    timeout: type[Exception]  # TimeoutError: no answer within the socket timeout
-
-
-def weak_persistence(config: dict[str, str]) -> str | None:
-    """What in a Redis server's CONFIG GET answer can lose a write it already confirmed (a
-    crash then forgets a swap that answered True, and the ranges after it are handed out
-    again); None when it fsyncs every write before answering."""
-    if "appendonly" not in config:  # not an answer about persistence (a proxy?): no opinion
-        return None
-    problems = []
-    if config.get("appendonly") != "yes":
-        problems.append(f"appendonly {config.get('appendonly', '?')}")
-    elif config.get("appendfsync") != "always":
-        problems.append(f"appendfsync {config.get('appendfsync', '?')}")
-    if config.get("appendonly") == "yes" and config.get("no-appendfsync-on-rewrite") == "yes":
-        problems.append("no-appendfsync-on-rewrite yes")
-    return ", ".join(problems) or None
-
-
 class RedisCasStore:
     """A CasStore on one Redis server (or a primary), under the URL's key prefix.
 
@@ -445,7 +416,7 @@ class RedisCasStore:
         client: redis_py.Redis,
         prefix: str,
         display_url: str,
-        errors: _RedisErrors,
+        errors: RedisErrors,
         *,
         timeout: float,
         unsafe: bool = False,
@@ -681,7 +652,7 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
     replication = {"unsafe_replication": args.pop(UNSAFE_REPLICATION), "gap": args.pop("gap")}
     # Connection errors and timeouts above all, but also a server that refuses to write
     # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.
-    errors = _RedisErrors(
+    errors = RedisErrors(
         any=redis.exceptions.RedisError,
         broken=redis.exceptions.ConnectionError,
         timeout=redis.exceptions.TimeoutError,

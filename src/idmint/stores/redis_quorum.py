@@ -14,14 +14,12 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from .._errors import StoreUnavailable
 from .._fork import orphan
+from ._redis import RedisCells, weak_persistence
 from .base import StoreIdentity
-
-if TYPE_CHECKING:
-    from .redis import RedisCasStore
 
 T = TypeVar("T")
 
@@ -48,7 +46,7 @@ class RedisQuorumNode:
     read): the client's command path (pool, retry, script objects) costs three times the CPU,
     and a quorum round makes one claim per node."""
 
-    def __init__(self, cells: RedisCasStore) -> None:
+    def __init__(self, cells: RedisCells) -> None:
         self.display_url = cells.display_url
         self._cells = cells
         self._client: Any = cells._client
@@ -154,8 +152,6 @@ class RedisQuorumNode:
         return NoScriptError
 
     def durability(self) -> str | None:
-        from .redis import weak_persistence
-
         errors = self._cells._errors
         try:
             config = self._call(lambda: self._client.config_get("*append*"), idempotent=True)

@@ -50,11 +50,9 @@ from .._errors import (
     LeaseLost,
     StoreUnavailable,
     WorkerInUse,
-    WorkersExhausted,
 )
 from .._fork import ForkAware, orphan
 from ..ids import check_key_name, is_digits
-from ._sql_leases import holder_name
 from .base import (
     HorizonForgotten,
     Lease,
@@ -62,11 +60,11 @@ from .base import (
     WorkerInfo,
     check_claim,
     forgotten,
-    pick_worker,
 )
 from .cas_quorum import CasQuorumNode
 from .cas_ranges import CasRangeStore
 from .engine import Engine
+from .leasing import choose_worker, holder_name
 
 DEFAULT_CHROOT = "/idmint"
 PREFERENCE_LOOKS = 32  # free ids whose horizon acquire reads (a round trip each) to prefer one
@@ -413,9 +411,9 @@ class ZooKeeperLeaseStore(ForkAware):
                     reserved = set(shared.children(reserved_path))
                     hint = functools.partial(self._floor_hint, shared, horizons)
                     free = (i for i in range(workers) if str(i) not in taken | reserved)
-                    worker_id = pick_worker(free, hint, now_ms, looks=PREFERENCE_LOOKS)
-                    if worker_id is None:
-                        raise WorkersExhausted(namespace, workers)
+                    worker_id = choose_worker(
+                        namespace, workers, free, hint, now_ms, looks=PREFERENCE_LOOKS
+                    )
                 else:
                     worker_id = claim
                     if str(claim) in taken:

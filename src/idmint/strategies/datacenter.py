@@ -58,6 +58,7 @@ from .._errors import (
     InvalidArgument,
     KeyExists,
     KeyNotFound,
+    LostReservations,
     RunwaySpent,
     StoreUnavailable,
 )
@@ -65,7 +66,7 @@ from .._fork import ForkAware
 from ..ids import DEFAULT_FIRST_ID, Allocation, Key, Range
 from ..stores import fences
 from ..stores.base import CasStore, StoreIdentity
-from ..stores.cas_ranges import Backoff, cas_update
+from ..stores.cas_loop import Backoff, cas_update
 from .refills import RefillPool, shared_pool
 
 log = logging.getLogger("idmint.datacenter")
@@ -403,12 +404,6 @@ class DatacenterCounts:
     grants: int = 0  # reservations this process took from the global level
     preload_failures: int = 0  # background grants that failed (the global store out of reach)
     runway_spent: int = 0  # allocations refused with RunwaySpent
-
-
-class LostReservations(StoreUnavailable):
-    """A datacenter's cell and the global cell disagree in a way only lost data explains (a
-    store restored from an older copy or wiped, or the key made again): the datacenter stops
-    taking reservations until an operator resets it (`idmint dc reset`)."""
 
 
 def _now_ms() -> int:
