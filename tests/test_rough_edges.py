@@ -238,3 +238,22 @@ def test_no_code_trusts_str_isdigit_outside_is_digits() -> None:
         if ".isdigit()" in line and path.name != "ids.py"
     ]
     assert not found, f"use ids.is_digits: {found}"
+
+
+def test_the_cli_reads_the_servers_settings_without_loading_the_server(tmp_path: Path) -> None:
+    # `--config` and IDMINT_STORE_FILE read idmint.server.config; that must not load the app,
+    # prometheus-client or granian: the first step of a library install without the server.
+    config = tmp_path / "idmint.toml"
+    config.write_text(f'[server]\nstore = "sqlite:///{tmp_path / "a.db"}"\n')
+    script = (
+        "import sys\n"
+        "from idmint.cli import main\n"
+        f"assert main(['--config', {str(config)!r}, 'init']) == 0\n"
+        "print(sorted(m for m in ('prometheus_client', 'granian', 'idmint.server.app')"
+        " if m in sys.modules))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "[]", run.stdout
