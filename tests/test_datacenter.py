@@ -25,6 +25,7 @@ from idmint import (
     StoreUnavailable,
 )
 from idmint.stores import open_engine
+from idmint.stores.base import CasStore
 from idmint.stores.memory import MemoryCasStore
 from idmint.strategies.datacenter import GlobalRow, global_cell
 from idmint.strategies.segment import SegmentGenerator, SegmentOptions
@@ -42,9 +43,15 @@ def _global_row(dcs: DatacenterRanges, name: str) -> GlobalRow:
 def test_two_datacenters_on_every_engine(cas_store_url: str) -> None:
     """Two datacenters, two generators each, on one store: every id once, each process's ids
     inside its datacenter's reservations, and reservations disjoint."""
-    engine = open_engine(cas_store_url)
-    eu = DatacenterRanges(engine.cas(), engine.cas(), "eu")
-    us = DatacenterRanges(open_engine(cas_store_url).cas(), open_engine(cas_store_url).cas(), "us")
+
+    # A round trip may take 10 s, not the default 2: the subject is uniqueness, and CI once saw
+    # one Cassandra Paxos read time out at 2 s early in the run (RunwaySpent in a thread).
+    def cas() -> CasStore:
+        return open_engine(cas_store_url, timeout=10).cas()
+
+    engine_cas = cas()
+    eu = DatacenterRanges(engine_cas, engine_cas, "eu")
+    us = DatacenterRanges(cas(), cas(), "us")
     eu.add_key("order", step=50, last_id=2**31 - 1, sizing=ReservationSizing(min_reservation=400))
     ids: dict[str, list[int]] = {"eu": [], "us": []}
     lock = threading.Lock()
