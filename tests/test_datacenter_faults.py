@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import idmint
-from idmint import InvalidArgument, Range, ReservationSizing, StoreUnavailable
+from idmint import InvalidArgument, KeyExists, Range, ReservationSizing, StoreUnavailable
 from idmint.stores import open_engine
 from idmint.stores.base import CasStore
 from idmint.stores.engine import Engine
@@ -142,15 +142,21 @@ def _admin(dcs: Datacenters) -> DatacenterRanges:
 
 def _new_key(dcs: Datacenters, prefix: str, reservation: int, **sizing: float) -> str:
     key = f"{prefix}{next(_names)}"
-    _admin(dcs).add_key(
-        key,
-        step=50,
-        last_id=LAST_ID,
-        sizing=ReservationSizing(
-            min_reservation=reservation, max_reservation=reservation, **sizing
-        ),
-    )
-    return key
+    sizing_ = ReservationSizing(min_reservation=reservation, max_reservation=reservation, **sizing)
+    # The test's cached connection may be down for a few seconds after an earlier test cut or
+    # restarted nodes (CI once saw NoHostAvailable: ConnectionShutdown here); the driver
+    # reconnects by itself. A retry that finds the key made it: the name is this call's own.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _admin(dcs).add_key(key, step=50, last_id=LAST_ID, sizing=sizing_)
+            return key
+        except KeyExists:
+            return key
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _worker(
