@@ -175,9 +175,9 @@ class ServerConfig:
         values = {
             k[len(ENV_PREFIX) :].lower(): v
             for k, v in os.environ.items()
-            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in _names()
+            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in SETTINGS
         }
-        for name in _names():
+        for name in SETTINGS:
             from_file = setting_from_file(name)
             if from_file is not None:
                 values[name] = from_file
@@ -187,12 +187,12 @@ class ServerConfig:
     def unknown_env(cls) -> list[str]:
         """IDMINT_* variables that are no setting (a typo is otherwise ignored in silence),
         each with a close setting's variable if there is one."""
-        names = _names() | {"config"}
-        file_names = {name + FILE_SUFFIX.lower() for name in _names()}
+        names = SETTINGS | {"config"}
+        known = names | {name + FILE_SUFFIX.lower() for name in SETTINGS}
         unknown = sorted(
             k
             for k in os.environ
-            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in names | file_names
+            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in known
         )
         # Compared without the prefix, which every one shares.
         return [
@@ -208,8 +208,8 @@ class ServerConfig:
         return cls.from_mapping(cls.env_values())
 
 
-def _names() -> set[str]:
-    return {f.name for f in fields(ServerConfig)}
+#: Every setting's name.
+SETTINGS = frozenset(f.name for f in fields(ServerConfig))
 
 
 def setting_from_file(name: str) -> str | None:
@@ -267,9 +267,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
     table = data.get("server", data)
     if not isinstance(table, dict):
         raise InvalidArgument(f"bad config file {path}: [server] must be a table")
-    known = {f.name for f in fields(ServerConfig)}
-    unknown = sorted(set(table) - known)
+    unknown = sorted(set(table) - SETTINGS)
     if unknown:
-        hints = [f"{name}{did_you_mean(name, known)}" for name in unknown]
+        hints = [f"{name}{did_you_mean(name, SETTINGS)}" for name in unknown]
         raise InvalidArgument(f"bad config file {path}: unknown settings {', '.join(hints)}")
     return dict(table)
