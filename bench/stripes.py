@@ -32,7 +32,7 @@ from typing import Any
 from idmint import SegmentGenerator, SegmentOptions
 from idmint.stores import open_engine
 from idmint.stores.base import RangeStore
-from idmint.stores.cas_ranges import CasRangeStore
+from idmint.stores.over_cas.ranges import CasRangeStore
 
 SQL = ("sqlite", "postgresql", "mysql")
 

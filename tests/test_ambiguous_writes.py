@@ -1,5 +1,5 @@
 """Ambiguous writes: a compare-and-set whose outcome its caller never learns (a timeout after the
-store applied it, or before it did). Ranges over cells (cas_ranges.py) and datacenter cells
+store applied it, or before it did). Ranges over cells (over_cas/ranges.py) and datacenter cells
 (strategies/datacenter.py) must never serve a range twice whatever is applied and unreported.
 
 Seeded and single-threaded, so each seed replays the same interleaving of callers and faults:
@@ -16,8 +16,8 @@ import pytest
 from idmint import IdmintError, Range, ReservationSizing, StoreUnavailable
 from idmint.stores import open_engine
 from idmint.stores.base import CasStore, StoreIdentity
-from idmint.stores.cas_ranges import CasRangeStore
-from idmint.stores.memory import MemoryCasStore
+from idmint.stores.memory.cas import MemoryCasStore
+from idmint.stores.over_cas.ranges import CasRangeStore
 from idmint.strategies.datacenter import DatacenterRanges
 
 from checks import assert_disjoint

@@ -26,7 +26,7 @@ from idmint import (
 )
 from idmint.stores import open_engine
 from idmint.stores.base import CasStore
-from idmint.stores.memory import MemoryCasStore
+from idmint.stores.memory.cas import MemoryCasStore
 from idmint.strategies.datacenter import GlobalRow, global_cell
 from idmint.strategies.segment import SegmentGenerator, SegmentOptions
 

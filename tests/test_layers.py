@@ -22,20 +22,21 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-#: The engines of stores/. A module of stores/ belongs to engine E when its name (its first
-#: part under stores/, so a future `stores/redis/` package counts too) is E or starts with
-#: "E_": redis.py, redis_quorum.py and redis_failover.py are one engine's and may import each
-#: other; memory.py and memory_leases.py another's. Every other module of stores/ is shared:
-#: base.py (the contracts), engine.py, cas_ranges.py, cas_quorum.py, cas_loop.py, fences.py,
-#: replication.py, static.py, the helpers _sql*.py, _redis.py, _urls.py, _http.py, ...
-ENGINES = ("sqlite", "postgres", "mysql", "redis", "etcd", "zookeeper", "cassandra", "memory")
+#: The engines of stores/: each is one folder (stores/redis/, stores/etcd/, ...) whose modules
+#: may import each other. The SQL engines share stores/sql/ (schema, connection, ranges, cas,
+#: leases, quorum: shared code), and each dialect module there (sql/sqlite.py, sql/postgres.py,
+#: sql/mysql.py) is an engine of its own. Every other module of stores/ is shared: base.py (the
+#: contracts), engine.py, over_cas/ (code over any CasStore), leasing.py, fences.py,
+#: replication.py, static.py, _urls.py, ...
+ENGINES = ("redis", "etcd", "zookeeper", "cassandra", "memory")
+SQL_DIALECTS = ("sqlite", "postgres", "mysql")
 
 #: What a strategy may import of stores/: the contracts (base.py), the registry of how a
 #: failover's fence moves each cell format (fences.py: datacenter keys register theirs), and
-#: the compare-and-set loop over any CasStore (cas_loop.py: Backoff, cas_update). Each of
+#: the compare-and-set loop over any CasStore (over_cas/loop.py: Backoff, cas_update). Each of
 #: them imports no engine and no other store module but base.py.
 STRATEGY_MAY_USE = frozenset(
-    {"idmint.stores.base", "idmint.stores.fences", "idmint.stores.cas_loop"}
+    {"idmint.stores.base", "idmint.stores.fences", "idmint.stores.over_cas.loop"}
 )
 
 #: The top layers: nothing else imports them.
@@ -125,8 +126,9 @@ def engine_of(module: str) -> str | None:
     parts = module.split(".")
     if parts[:2] != ["idmint", "stores"] or len(parts) < 3:
         return None
-    first = parts[2]
-    return next((e for e in ENGINES if first == e or first.startswith(e + "_")), None)
+    if parts[2] == "sql":
+        return parts[3] if len(parts) > 3 and parts[3] in SQL_DIALECTS else None
+    return parts[2] if parts[2] in ENGINES else None
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -174,9 +176,12 @@ def test_engines_strategies_and_the_top_layers_keep_their_places() -> None:
     graph = import_graph(sources())
     assert [m for m in graph if engine_of(m) == "redis"] == [
         "idmint.stores.redis",
-        "idmint.stores.redis_failover",
-        "idmint.stores.redis_quorum",
+        "idmint.stores.redis.client",
+        "idmint.stores.redis.failover",
+        "idmint.stores.redis.quorum",
     ]
+    assert engine_of("idmint.stores.sql.postgres") == "postgres"
+    assert engine_of("idmint.stores.sql.connection") is None
     assert violations(graph) == []
     for reason in ALLOWED.values():  # an exception names why it is kept
         assert "issue 22" in reason
@@ -192,11 +197,19 @@ def test_the_checks_see_a_circle_and_each_broken_rule() -> None:
         "idmint.c": ("import idmint.a\ng = 1\n", False),
         "idmint.stores": ("", True),
         "idmint.stores.base": ("", False),
-        "idmint.stores.redis": ("", False),
-        "idmint.stores.redis_quorum": ("from .redis import x\n", False),
-        "idmint.stores.etcd": ("from .redis_quorum import y\nfrom .base import z\n", False),
+        "idmint.stores.redis": ("", True),
+        "idmint.stores.redis.quorum": ("from . import client\nfrom ..base import x\n", False),
+        "idmint.stores.redis.client": ("", False),
+        "idmint.stores.etcd": ("", True),
+        "idmint.stores.etcd.leases": (
+            "from ..redis.quorum import y\nfrom ..base import z\n",
+            False,
+        ),
         "idmint.strategies": ("", True),
-        "idmint.strategies.s": ("from ..stores import base, etcd\n", False),
+        "idmint.strategies.s": (
+            "from ..stores import base\nfrom ..stores.etcd import leases\n",
+            False,
+        ),
         "idmint.server": ("", True),
         "idmint.server.app": ("from ..strategies import s\n", False),
         "idmint.ids": ("from .server.app import App\n", False),
@@ -205,9 +218,9 @@ def test_the_checks_see_a_circle_and_each_broken_rule() -> None:
     assert find_cycle(graph) == ["idmint.a", "idmint.b", "idmint.c", "idmint.a"]
     assert violations(graph) == [
         "idmint.ids -> idmint.server.app: (d) a lower layer imports the server or the CLI",
-        "idmint.stores.etcd -> idmint.stores.redis_quorum: (b) a store module imports"
+        "idmint.stores.etcd.leases -> idmint.stores.redis.quorum: (b) a store module imports"
         " another engine's module",
-        "idmint.strategies.s -> idmint.stores.etcd: (c) a strategy imports a store module"
+        "idmint.strategies.s -> idmint.stores.etcd.leases: (c) a strategy imports a store module"
         " beyond the contracts",
     ]
     del made_up["idmint.c"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from idmint.stores import open_lease_store
-from idmint.stores._sql_leases import SqlLeaseStore
+from idmint.stores.sql.leases import SqlLeaseStore
 
 from conftest import fresh_store_url
 

@@ -11,8 +11,10 @@ import pytest
 
 import idmint
 from idmint import InvalidArgument, KeyNotFound
-from idmint.stores import _sql, _sql_dialect, redact
-from idmint.stores._sql import TABLE, SqlConnection
+from idmint.stores import _sql_dialect, redact
+from idmint.stores.sql import schema as sql_schema
+from idmint.stores.sql.connection import SqlConnection
+from idmint.stores.sql.schema import TABLE
 
 from checks import run_threads
 
@@ -56,7 +58,7 @@ def _old_table(url: str) -> Any:
     cur.execute(old)
     # The other tables are there already, as an older version left them: what is raced here
     # is adding the column, not making tables.
-    for statement in (*dialect.schema[1:], *getattr(_sql, "COMMON_SCHEMA", ())):
+    for statement in (*dialect.schema[1:], *getattr(sql_schema, "COMMON_SCHEMA", ())):
         cur.execute(statement)
     p = dialect.param
     cur.execute(

@@ -21,7 +21,7 @@ from idmint import Exhausted, SegmentGenerator, SegmentOptions, StoreUnavailable
 from idmint.ids import UINT31_MAX, Range
 from idmint.stores import open_engine
 from idmint.stores.base import RangeStore
-from idmint.stores.cas_ranges import Backoff, CasRangeStore
+from idmint.stores.over_cas.ranges import Backoff, CasRangeStore
 from idmint.strategies.refills import RefillPool
 
 from checks import assert_disjoint, assert_unique, run_threads
@@ -147,7 +147,7 @@ def test_backoff_waits_are_random_then_grow_with_the_attempt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("idmint.stores.cas_loop.time.sleep", slept.append)
+    monkeypatch.setattr("idmint.stores.over_cas.loop.time.sleep", slept.append)
     backoff = Backoff(initial=0.01, longest=1.0, deadline=60.0)
     firsts = []
     for _ in range(20):

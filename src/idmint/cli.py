@@ -46,7 +46,7 @@ from .ids import (
     is_digits,
 )
 from .stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
-from .stores.sqlite import sqlite_path
+from .stores.sql.sqlite import sqlite_path
 from .strategies.datacenter import ReservationSizing
 from .strategies.quorum import QuorumOptions, split_nodes
 

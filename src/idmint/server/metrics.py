@@ -35,7 +35,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from .._errors import InvalidArgument
 from ..ids import Key, Range, is_digits
-from ..stores.cas_ranges import CasCounts
+from ..stores.over_cas.ranges import CasCounts
 from ..strategies.datacenter import DatacenterRanges
 from ..strategies.quorum import QuorumGenerator
 from ..strategies.segment import GeneratorCounts, SegmentGenerator, SegmentStats

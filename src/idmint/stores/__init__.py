@@ -8,16 +8,17 @@ import os
 import uuid
 
 from .._errors import InvalidArgument
-from ._sql import Dialect, SqlRangeStore
-from ._sql_cas import SqlCasStore
-from ._sql_leases import SqlLeaseStore
-from ._sql_quorum import SqlQuorumNode
 from ._urls import redact, scrub
 from .base import CasStore, LeaseStore, RangeStore, StoreIdentity
-from .cas_loop import Backoff
-from .cas_quorum import CasQuorumNode
-from .cas_ranges import CasRangeStore
 from .engine import Engine
+from .over_cas.loop import Backoff
+from .over_cas.quorum import CasQuorumNode
+from .over_cas.ranges import CasRangeStore
+from .sql.cas import SqlCasStore
+from .sql.leases import SqlLeaseStore
+from .sql.quorum import SqlQuorumNode
+from .sql.ranges import SqlRangeStore
+from .sql.schema import Dialect
 
 DEFAULT_STORE_URL = "sqlite:///./idmint.db"
 DEFAULT_TIMEOUT = 2.0
@@ -59,15 +60,15 @@ def _resolve(url: str | None) -> tuple[str, str, str]:
 
 def _sql_dialect(scheme: str, url: str, display: str, timeout: float) -> Dialect:
     if scheme == "sqlite":
-        from .sqlite import sqlite_dialect
+        from .sql.sqlite import sqlite_dialect
 
         dialect = sqlite_dialect(url, timeout=timeout)
     elif scheme in ("postgresql", "postgres"):
-        from .postgres import postgres_dialect
+        from .sql.postgres import postgres_dialect
 
         dialect = postgres_dialect(url, display, timeout=timeout)
     else:
-        from .mysql import mysql_dialect
+        from .sql.mysql import mysql_dialect
 
         dialect = mysql_dialect(url, display, timeout=timeout)
     # A driver's message may quote what it made of the URL: pieces of a password it misread.
@@ -102,8 +103,8 @@ def open_engine(url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> 
     """
     url, scheme, display = _resolve(url)
     if scheme == "memory":
-        from .memory import open_memory_cas
-        from .memory_leases import open_memory_leases
+        from .memory.cas import open_memory_cas
+        from .memory.leases import open_memory_leases
 
         # One store, one identity, whichever capability is asked (named stores keep theirs).
         identity = StoreIdentity(uuid.uuid4().hex, None)

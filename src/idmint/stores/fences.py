@@ -2,7 +2,7 @@
 
 A fence (stores/replication.py) moves every counter past what a lost primary may have handed
 out. The stores do not know what a cell holds: each cell format's owner registers, by the
-prefix of its cells' names, how its counters move up (`cas_ranges`: segment keys, `key/`;
+prefix of its cells' names, how its counters move up (`over_cas/ranges.py`: segment keys, `key/`;
 `strategies.datacenter`: datacenter keys, `dc/`). Both register when imported, and importing
 any store module imports the package first (idmint/__init__.py imports the strategies), so
 every process that can meet a failover knows every format.

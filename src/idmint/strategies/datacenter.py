@@ -66,7 +66,7 @@ from .._fork import ForkAware
 from ..ids import DEFAULT_FIRST_ID, Allocation, Key, Range
 from ..stores import fences
 from ..stores.base import CasStore, StoreIdentity
-from ..stores.cas_loop import Backoff, cas_update
+from ..stores.over_cas.loop import Backoff, cas_update
 from .refills import RefillPool, shared_pool
 
 log = logging.getLogger("idmint.datacenter")

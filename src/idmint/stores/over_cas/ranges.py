@@ -5,7 +5,7 @@ Each key is one cell, `key/NAME`, holding stripe 0's counter and the key's setti
 striped key keeps stripe k's counter in its own cell, `key/NAME#k`, so stripes never contend
 with each other (Broadcast's lock striping). An allocation reads its stripe's cell and swaps
 in the counter moved past the range; when another process swapped first it backs off and
-reads again (cas_loop.py: Broadcast's back-off, made stricter).
+reads again (over_cas/loop.py: Broadcast's back-off, made stricter).
 
 A stripe's cell is made with the key; if that was cut short (a crash between the cells), the
 first allocation on the stripe makes it from the key's cell, so there is one way to make it.
@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from .._errors import KeyExists, KeyNotFound
-from .._fork import private_random
-from ..ids import (
+from ..._errors import KeyExists, KeyNotFound
+from ..._fork import private_random
+from ...ids import (
     Allocation,
     Key,
     Range,
@@ -32,10 +32,10 @@ from ..ids import (
     raised_floor,
     stripe_row,
 )
-from . import fences
-from .base import CasStore, StoreIdentity
-from .cas_loop import Backoff as Backoff  # its public path, kept
-from .cas_loop import cas_update
+from .. import fences
+from ..base import CasStore, StoreIdentity
+from .loop import Backoff as Backoff  # its public path, kept
+from .loop import cas_update
 
 T = TypeVar("T")
 

@@ -51,20 +51,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .._errors import (
+from ..._errors import (
     DriverMissing,
     InvalidArgument,
     LeaseLost,
     StoreUnavailable,
     WorkerInUse,
 )
-from .._fork import ForkAware, orphan
-from ..ids import is_digits
-from ._urls import ENCODE_HINT, misplaced_at, scrub
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
-from .cas_ranges import CasRangeStore
-from .engine import Engine
-from .leasing import choose_worker, holder_name
+from ..._fork import ForkAware, orphan
+from ...ids import is_digits
+from .._urls import ENCODE_HINT, misplaced_at, scrub
+from ..base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
+from ..engine import Engine
+from ..leasing import choose_worker, holder_name
+from ..over_cas.ranges import CasRangeStore
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """The compare-and-set loop over any CasStore (stores/base.py): read, swap, and on a lost swap
-back off and read again. Ranges over cells (cas_ranges.py) and datacenter keys
+back off and read again. Ranges over cells (over_cas/ranges.py) and datacenter keys
 (strategies/datacenter.py) both loop with it; it knows no cell format.
 
 The back-off is Broadcast's, made stricter: a random first wait, multiplied by the attempt,
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .._errors import InvalidArgument, StoreUnavailable
-from .._fork import private_random
-from .base import CasStore
+from ..._errors import InvalidArgument, StoreUnavailable
+from ..._fork import private_random
+from ..base import CasStore
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on Redis:
+"""Worker-id leases and compare-and-set cells (hence segment keys, see over_cas/ranges.py) on Redis:
 `redis://[[user]:password@]host[:port][/db][?prefix=STR]`.
 
 Leases: per (namespace, worker id) two keys, both under the URL's prefix (default "idmint"):
@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .._errors import (
+from ..._errors import (
     DriverMissing,
     InvalidArgument,
     LeaseLost,
@@ -40,18 +40,14 @@ from .._errors import (
     WorkerInUse,
     WorkersExhausted,
 )
-from ..ids import is_digits
-from ._once import Once
-from ._redis import RedisErrors
-from ._redis import weak_persistence as weak_persistence  # its public path, kept
-from ._urls import ENCODE_HINT, misplaced_at, scrub
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
-from .cas_ranges import CasRangeStore
-from .engine import Engine
-from .leasing import holder_name
-from .redis_failover import RedisFailover, guarded
-from .redis_quorum import RedisQuorumNode
-from .replication import (
+from ...ids import is_digits
+from .._once import Once
+from .._urls import ENCODE_HINT, misplaced_at, scrub
+from ..base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
+from ..engine import Engine
+from ..leasing import holder_name
+from ..over_cas.ranges import CasRangeStore
+from ..replication import (
     FAILOVER_GAP,
     FAILOVER_GAP_PARAMETER,
     UNSAFE_REPLICATION,
@@ -59,6 +55,10 @@ from .replication import (
     failover_gap,
     redis_state,
 )
+from .client import RedisErrors
+from .client import weak_persistence as weak_persistence  # its public path, kept
+from .failover import RedisFailover, guarded
+from .quorum import RedisQuorumNode
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -648,7 +648,7 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
     redis = _driver()
     prefix = args.pop("prefix")
     unsafe = bool(args.pop("unsafe"))
-    # Replicas each write does not wait for, and the fence's gap (see redis_failover).
+    # Replicas each write does not wait for, and the fence's gap (see failover.py).
     replication = {"unsafe_replication": args.pop(UNSAFE_REPLICATION), "gap": args.pop("gap")}
     # Connection errors and timeouts above all, but also a server that refuses to write
     # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.

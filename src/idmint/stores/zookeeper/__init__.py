@@ -1,4 +1,4 @@
-"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on
+"""Worker-id leases and compare-and-set cells (hence segment keys, see over_cas/ranges.py) on
 ZooKeeper: `zk://host:port[,host:port...]/chroot` (chroot: /idmint).
 
 Worker ids as Leaf does them with ZooKeeper, but fenced. Under the chroot:
@@ -44,16 +44,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
 
-from .._errors import (
+from ..._errors import (
     DriverMissing,
     InvalidArgument,
     LeaseLost,
     StoreUnavailable,
     WorkerInUse,
 )
-from .._fork import ForkAware, orphan
-from ..ids import check_key_name, is_digits
-from .base import (
+from ..._fork import ForkAware, orphan
+from ...ids import check_key_name, is_digits
+from ..base import (
     HorizonForgotten,
     Lease,
     StoreIdentity,
@@ -61,10 +61,10 @@ from .base import (
     check_claim,
     forgotten,
 )
-from .cas_quorum import CasQuorumNode
-from .cas_ranges import CasRangeStore
-from .engine import Engine
-from .leasing import choose_worker, holder_name
+from ..engine import Engine
+from ..leasing import choose_worker, holder_name
+from ..over_cas.quorum import CasQuorumNode
+from ..over_cas.ranges import CasRangeStore
 
 DEFAULT_CHROOT = "/idmint"
 PREFERENCE_LOOKS = 32  # free ids whose horizon acquire reads (a round trip each) to prefer one

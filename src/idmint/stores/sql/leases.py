@@ -18,10 +18,11 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from .._errors import LeaseLost, StoreUnavailable, WorkerInUse
-from ._sql import RESERVED_TABLE, Dialect, SqlConnection
-from .base import Lease, WorkerInfo, check_claim, forgotten
-from .leasing import HOLDER_NAME_MAX, choose_worker, holder_name
+from ..._errors import LeaseLost, StoreUnavailable, WorkerInUse
+from ..base import Lease, WorkerInfo, check_claim, forgotten
+from ..leasing import HOLDER_NAME_MAX, choose_worker, holder_name
+from .connection import SqlConnection
+from .schema import RESERVED_TABLE, Dialect
 
 WORKERS_TABLE = "idmint_workers"
 CREATE_WORKERS_TABLE = f"""

@@ -18,18 +18,18 @@ import os
 import socket
 from typing import Any
 
-from .._errors import DriverMissing, InvalidArgument
-from ..ids import is_digits
-from ._deadline import WATCHDOG
-from ._sql import TABLE, Dialect
-from ._sql_leases import CREATE_WORKERS_TABLE
-from ._urls import scrub
-from .replication import (
+from ..._errors import DriverMissing, InvalidArgument
+from ...ids import is_digits
+from .._deadline import WATCHDOG
+from .._urls import scrub
+from ..replication import (
     POSTGRES_QUERY,
     ReplicationState,
     postgres_state,
     take_replication_parameters,
 )
+from .leases import CREATE_WORKERS_TABLE
+from .schema import TABLE, Dialect
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (

@@ -8,10 +8,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .._errors import LeaseLost, WorkerInUse
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
-from .leasing import choose_worker
-from .memory import named_identity
+from ..._errors import LeaseLost, WorkerInUse
+from ..base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
+from ..leasing import choose_worker
+from .cas import named_identity
 
 
 @dataclass

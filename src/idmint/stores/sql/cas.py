@@ -2,7 +2,7 @@
 
 A swap is one conditional UPDATE (`WHERE version = ?`), atomic and committed before it
 answers on every engine; the version column stands in for the versions the key-value engines
-keep themselves. Segment keys on SQL use the one-statement allocation of _sql.py instead (it
+keep themselves. Segment keys on SQL use the one-statement allocation of sql/ranges.py instead (it
 is faster: no lost swaps, one round trip); these cells serve the generic strategies.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._sql import CELLS_TABLE, Dialect, SqlConnection
+from .connection import SqlConnection
+from .schema import CELLS_TABLE, Dialect
 
 
 class SqlCasStore(SqlConnection):

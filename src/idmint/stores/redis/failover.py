@@ -41,10 +41,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar, cast
 
-from .._errors import StoreUnavailable
-from . import fences
-from ._once import Once
-from .replication import note_failover
+from ..._errors import StoreUnavailable
+from .. import fences
+from .._once import Once
+from ..replication import note_failover
 
 log = logging.getLogger(__name__)
 _warned = Once()  # stores whose unsafe replication was logged

@@ -16,10 +16,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from .._errors import StoreUnavailable
-from .._fork import orphan
-from ._redis import RedisCells, weak_persistence
-from .base import StoreIdentity
+from ..._errors import StoreUnavailable
+from ..._fork import orphan
+from ..base import StoreIdentity
+from .client import RedisCells, weak_persistence
 
 T = TypeVar("T")
 

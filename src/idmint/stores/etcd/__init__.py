@@ -1,5 +1,5 @@
-"""Worker-id leases and compare-and-set cells (hence segment keys, see cas_ranges) on etcd,
-through its v3 JSON gateway (plain HTTP, kept-alive connections: _http), one client for both.
+"""Worker-id leases and compare-and-set cells (hence segment keys, see over_cas/ranges.py) on etcd,
+through its v3 JSON gateway (plain HTTP, kept-alive connections: http.py), one client for both.
 
 Keys, under the URL's prefix (default "idmint"), with the namespace percent-encoded:
 
@@ -32,15 +32,15 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from .._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkerInUse
-from .._fork import ForkAware, orphan
-from ._http import Connections, NoAnswer, NotSent
-from ._urls import scrub
-from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
-from .cas_quorum import CasQuorumNode
-from .cas_ranges import CasRangeStore
-from .engine import Engine
-from .leasing import choose_worker, holder_name
+from ..._errors import InvalidArgument, LeaseLost, StoreUnavailable, WorkerInUse
+from ..._fork import ForkAware, orphan
+from .._urls import scrub
+from ..base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
+from ..engine import Engine
+from ..leasing import choose_worker, holder_name
+from ..over_cas.quorum import CasQuorumNode
+from ..over_cas.ranges import CasRangeStore
+from .http import Connections, NoAnswer, NotSent
 
 DATE_STEP_MS = 1000  # an HTTP Date header counts whole seconds
 ATTEMPTS = 100  # optimistic transactions lost in a row to concurrent writers: each lost one

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .._poll import readable
+from ..._poll import readable
 
 
 class NotSent(Exception):

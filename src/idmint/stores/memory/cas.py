@@ -1,6 +1,6 @@
 """An in-process store: for strategy unit tests and trying idmint out.
 
-Its compare-and-set cells (and the ranges built on them, see cas_ranges) meet the same
+Its compare-and-set cells (and the ranges built on them, see over_cas/ranges.py) meet the same
 contracts as the real stores (the contract suites run on it), but they live and die with the
 process. `memory://NAME` stores are shared within a process by name; `memory://` is a new,
 private store each time.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 import uuid
 
-from .base import StoreIdentity
-from .cas_loop import Backoff
-from .cas_ranges import CasRangeStore
+from ..base import StoreIdentity
+from ..over_cas.loop import Backoff
+from ..over_cas.ranges import CasRangeStore
 
 _named: dict[str, MemoryCasStore] = {}
 _identities: dict[str, StoreIdentity] = {}  # of named stores: their cells' and leases'

@@ -7,8 +7,8 @@ counter is the cell `quorum/{key}`, its value the decimal counter.
 
 from __future__ import annotations
 
-from .._errors import StoreUnavailable
-from .base import CasStore, StoreIdentity
+from ..._errors import StoreUnavailable
+from ..base import CasStore, StoreIdentity
 
 QUORUM_PREFIX = "quorum/"
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import StoreUnavailable
-from ._sql import QUORUM_TABLE, Dialect, SqlConnection
+from ..._errors import StoreUnavailable
+from .connection import SqlConnection
+from .schema import QUORUM_TABLE, Dialect
 
 
 class SqlQuorumNode(SqlConnection):

@@ -1,7 +1,7 @@
-"""What the Redis engine's modules share (redis.py: leases, cells and the engine; redis_quorum.py:
-quorum nodes over the cells' connections): the driver's exception classes, the reading of a
-server's persistence settings, and what a quorum node uses of the cells. Both import this
-module; it imports neither, so imports point one way (tests/test_layers.py)."""
+"""What the Redis engine's modules share (__init__.py: leases, cells and the engine;
+quorum.py: quorum nodes over the cells' connections): the driver's exception classes, the
+reading of a server's persistence settings, and what a quorum node uses of the cells. Both
+import this module; it imports neither, so imports point one way (tests/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from .base import StoreIdentity
+from ..base import StoreIdentity
 
 T = TypeVar("T")
 

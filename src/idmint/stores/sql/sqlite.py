@@ -17,10 +17,10 @@ import sqlite3
 import time
 from pathlib import Path
 
-from .._errors import InvalidArgument
-from ._sql import TABLE, Dialect
-from ._sql_leases import CREATE_WORKERS_TABLE
-from ._urls import redact
+from ..._errors import InvalidArgument
+from .._urls import redact
+from .leases import CREATE_WORKERS_TABLE
+from .schema import TABLE, Dialect
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (

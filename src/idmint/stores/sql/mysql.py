@@ -12,16 +12,16 @@ import math
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .._errors import DriverMissing, InvalidArgument
-from ._sql import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
-from ._sql_leases import CREATE_WORKERS_TABLE
-from ._urls import ENCODE_HINT, misplaced_at, scrub
-from .replication import (
+from ..._errors import DriverMissing, InvalidArgument
+from .._urls import ENCODE_HINT, misplaced_at, scrub
+from ..replication import (
     ReplicationState,
     mysql_state,
     semi_sync_fields,
     take_replication_parameters,
 )
+from .leases import CREATE_WORKERS_TABLE
+from .schema import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (

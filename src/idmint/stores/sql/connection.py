@@ -1,0 +1,336 @@
+"""One SQL connection, used under a lock, made again after a failure; every operation one
+transaction. Every connection runs in autocommit mode and each operation is one explicit
+transaction (`BEGIN ... COMMIT`), so the code path is the same on every engine. One
+connection per store object: allocations are rare (one per range), so there is nothing to
+gain from a pool, and one connection keeps the number of server sessions predictable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from ..._errors import IdmintError, InvalidArgument, StoreUnavailable
+from ..._fork import ForkAware, orphan
+from .. import fences
+from .._once import Once
+from ..base import StoreIdentity
+from ..replication import (
+    REPLICA,
+    UNSAFE_REPLICATION,
+    ReplicationState,
+    note_failover,
+)
+from .schema import (
+    ADDED_COLUMNS,
+    CELLS_TABLE,
+    COMMON_SCHEMA,
+    META_TABLE,
+    STRIPES_TABLE,
+    TABLE,
+    Dialect,
+)
+
+log = logging.getLogger(__name__)
+
+#: The idmint_meta row holding the lineage of the primary the store last ran on.
+LINEAGE = "lineage"
+_warned = Once()  # stores whose unsafe replication was logged
+
+T = TypeVar("T")
+
+
+def _as_datetime(value: object) -> datetime | None:
+    """Normalise the engines' timestamps (aware, naive-UTC or ISO text) to aware UTC."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return None
+
+
+class SqlConnection(ForkAware):
+    """One connection, used under a lock, made again after a failure; every operation one
+    transaction (or one statement), driver errors mapped to idmint's."""
+
+    def __init__(self, dialect: Dialect, display_url: str) -> None:
+        self.display_url = display_url
+        self._dialect = dialect
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._identity: StoreIdentity | None = None  # read on every new connection
+        #: Each commit is confirmed (Dialect.confirm_commit) on this connection: its primary's
+        #: commits are set to wait for replicas; and the mark the last confirmation returned.
+        self._confirming = False
+        self._commit_mark: str | None = None
+        self._closed = False
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # The parent's socket (or SQLite handle) is not ours: make our own on the next call.
+        self._lock = threading.Lock()
+        orphan(self._conn)
+        self._conn = None
+
+    def close(self) -> None:
+        self._closed = True
+        # A call stuck on a hung store holds the lock: leave the connection to it (it fails
+        # when its own deadline passes) rather than wait.
+        if self._lock.acquire(timeout=0.5):
+            try:
+                self._drop_connection()
+            finally:
+                self._lock.release()
+
+    # -- connection handling ---------------------------------------------------------------
+
+    def _cursor(self) -> Any:
+        if self._closed:
+            raise StoreUnavailable(f"store {self.display_url} is closed")
+        if self._conn is None:
+            conn = self._dialect.connect()
+            try:
+                cur = conn.cursor()
+                for statement in self._dialect.on_connect:
+                    cur.execute(statement)
+                replication = self._check_primary(cur)
+                # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another process
+                # creating the same table; the table is there, which is the goal.
+                for statement in (*self._dialect.schema, *COMMON_SCHEMA):
+                    with contextlib.suppress(*self._dialect.duplicate):
+                        cur.execute(statement)
+                self._add_columns(cur)
+                if replication is not None and replication.lineage is not None:
+                    self._check_lineage(cur, replication.lineage)
+                confirm = self._dialect.confirm_commit
+                self._commit_mark = None
+                if confirm is not None and not self._dialect.unsafe_replication:
+                    self._commit_mark, _ = confirm(cur, None)  # None: nothing to confirm
+                self._confirming = self._commit_mark is not None
+                self._identity = self._read_identity(cur)  # after a fence: its new life
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn.cursor()
+
+    def _confirm_write(self, cur: Any) -> None:
+        """After a write committed on its own (autocommit): confirm it as a transaction's
+        commit is (see _confirm_commit)."""
+        if self._confirming:
+            self._confirm_commit(cur)
+
+    def _confirm_commit(self, cur: Any) -> None:
+        """Raise StoreUnavailable when the commit just made may not be on a replica: it
+        applied here, and a failover to the replica would undo it, so whatever it took (a
+        range) is dropped, never served, as when a COMMIT fails."""
+        assert self._dialect.confirm_commit is not None
+        self._commit_mark, why = self._dialect.confirm_commit(cur, self._commit_mark)
+        if why is not None:
+            raise StoreUnavailable(
+                f"store {self.display_url}: {why}; not used (a failover could undo it)"
+            )
+
+    def _check_primary(self, cur: Any) -> ReplicationState | None:
+        """On every new connection: refuse a server that takes no writes (a standby, a
+        read-only replica: while a failover moves the URL's address, a connection can land on
+        one), and a primary with replicas its commits do not wait for, unless the URL accepts
+        that (a failover to one of them can undo acknowledged ranges: ids would repeat)."""
+        state = self._dialect.replication(cur)
+        if state is None:
+            return None
+        if state.role == REPLICA:
+            raise StoreUnavailable(
+                f"store {self.display_url} is a replica ({state.detail}): it takes no writes; "
+                "give the primary's address (or wait for the failover to finish)"
+            )
+        if state.risk is None:
+            return state
+        if state.degraded and not self._dialect.unsafe_replication:
+            raise StoreUnavailable(
+                f"store {self.display_url}: {state.risk} ({state.detail}); writes wait until "
+                "the replicas acknowledge again"
+            )
+        if not self._dialect.unsafe_replication:
+            raise InvalidArgument(
+                f"store {self.display_url}: {state.risk} ({state.detail}). Make every commit "
+                f"wait for the replicas ({self._dialect.replication_hint}: docs/stores.md), "
+                f"or accept the risk with ?{UNSAFE_REPLICATION}=1 in the store URL"
+            )
+        if _warned.first(self.display_url):
+            log.warning(
+                "store %s: %s; running unsafe as the URL says", self.display_url, state.risk
+            )
+        return state
+
+    def _check_lineage(self, cur: Any, lineage: str) -> None:
+        """On every new connection, before anything is served through it: compare the
+        primary's lineage with the one the store recorded. Another lineage means a failover
+        (a replica promoted): the first connection to see it fences the store (see _fence)."""
+        for _ in range(3):  # another process may fence at the same time
+            recorded, _ = self._meta_row(cur, LINEAGE, lineage)
+            if recorded == lineage or self._fence(cur, recorded, lineage):
+                return
+        raise StoreUnavailable(f"store {self.display_url}: its lineage kept changing")
+
+    def _fence(self, cur: Any, recorded: str, lineage: str) -> bool:
+        """After a failover, in one transaction with recording the new lineage: every key and
+        stripe moves up the gap (the URL's failover_gap, FAILOVER_GAP by default; never past
+        one above its maximum: a bounded key may end spent), and the store's life starts again
+        (its identity's created_ms: snowflake holders then wait a ttl). The promoted replica
+        may lack the old primary's last ranges and lease renewals; ids handed out from them
+        must not come again. False if another process fenced first."""
+        p = self._dialect.param
+        cur.execute(self._dialect.begin)
+        try:
+            cur.execute(
+                f"UPDATE {META_TABLE} SET value = {p} WHERE name = {p} AND value = {p}",
+                (lineage, LINEAGE, recorded),
+            )
+            if cur.rowcount != 1:
+                cur.execute("ROLLBACK")
+                return False
+            least = "LEAST" if self._dialect.greatest == "GREATEST" else "MIN"
+            for table in (TABLE, STRIPES_TABLE):
+                cur.execute(
+                    f"UPDATE {table} SET max_id = {self._dialect.greatest}"
+                    f"(max_id, {least}(max_id + {p} * stripes, last_id + 1))",
+                    (self._dialect.failover_gap,),
+                )
+            self._fence_cells(cur)
+            # The store's life starts again: snowflake holders wait a ttl past it (the old
+            # primary may have renewed leases the new one never saw, or made new ones).
+            cur.execute(
+                f"UPDATE {META_TABLE} SET created_ms = {self._dialect.now_ms} WHERE name = {p}",
+                ("store",),
+            )
+            cur.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK")
+            raise
+        log.error(
+            "store %s: FAILOVER: the primary's lineage is %s, the store recorded %s: another "
+            "server became the primary, and may lack the last ranges and leases. Fenced: every "
+            "key moved up %d ids; snowflake holders wait a lease ttl before their first id",
+            self.display_url,
+            lineage,
+            recorded,
+            self._dialect.failover_gap,
+        )
+        note_failover(self.display_url, recorded, lineage)
+        return True
+
+    def _fence_cells(self, cur: Any) -> None:
+        """Inside the fence's transaction: every counter kept in a compare-and-set cell
+        (datacenter keys, segment keys over cells: stores/fences.py) moved up the gap."""
+        p, gap = self._dialect.param, self._dialect.failover_gap
+        if not gap:
+            return
+        cur.execute(f"SELECT name, value FROM {CELLS_TABLE}")
+        for raw, value in cur.fetchall():
+            name = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
+            up = fences.fenced(name, str(value), gap)
+            if up is not None and up != value:
+                cur.execute(
+                    f"UPDATE {CELLS_TABLE} SET value = {p}, version = version + 1 WHERE name = {p}",
+                    (up, raw),
+                )
+
+    @staticmethod
+    def _add_columns(cur: Any) -> None:
+        """Add the ADDED_COLUMNS a table lacks. Generic (the columns a query returns, then a
+        plain ALTER TABLE ADD COLUMN) and race-safe: of two processes adding a column at once,
+        one fails ("duplicate column") and succeeds by finding the column there."""
+
+        def columns(table: str) -> set[str]:
+            cur.execute(f"SELECT * FROM {table} WHERE 1 = 0")
+            cur.fetchall()
+            return {str(d[0]).lower() for d in cur.description}
+
+        for table, column, definition in ADDED_COLUMNS:
+            if column in columns(table):
+                continue
+            try:
+                cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+            except Exception:
+                if column not in columns(table):  # not the race: a real failure
+                    raise
+
+    def _read_identity(self, cur: Any) -> StoreIdentity:
+        """The store's identity, made by the first connection ever (the others lose the race
+        to insert it, and read the winner's)."""
+        value, created_ms = self._meta_row(cur, "store", uuid.uuid4().hex)
+        return StoreIdentity(value, created_ms)
+
+    def _meta_row(self, cur: Any, name: str, first: str) -> tuple[str, int]:
+        """(value, created_ms) of idmint_meta row `name`, made with `first` if there is none
+        (of processes racing to make it, one insert wins and every one reads the winner's)."""
+        p = self._dialect.param
+        select = f"SELECT value, created_ms FROM {META_TABLE} WHERE name = {p}"
+        cur.execute(select, (name,))
+        row = cur.fetchone()
+        if row is None:
+            with contextlib.suppress(*self._dialect.duplicate):
+                cur.execute(
+                    f"INSERT INTO {META_TABLE} (name, value, created_ms) "
+                    f"VALUES ({p}, {p}, {self._dialect.now_ms})",
+                    (name, first),
+                )
+            cur.execute(select, (name,))
+            row = cur.fetchone()
+        return str(row[0]), int(row[1])
+
+    def replication(self) -> ReplicationState | None:
+        """The server's replication as it is now (see stores/replication.py)."""
+        return self._run(self._dialect.replication, transaction=False)
+
+    def identity(self) -> StoreIdentity | None:
+        """The store's identity, as read by the current connection (connecting if needed)."""
+        self._run(lambda cur: None, transaction=False)
+        return self._identity
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken: closing is best effort
+                conn.close()
+
+    def _run(self, body: Callable[[Any], T], *, transaction: bool = True) -> T:
+        """Run `body(cursor)` in one transaction; map driver errors to idmint's."""
+        self._check_fork()
+        with self._lock:
+            try:
+                cur = self._cursor()
+                if not transaction:
+                    return body(cur)
+                cur.execute(self._dialect.begin)
+                try:
+                    result = body(cur)
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                # If COMMIT fails the outcome is unknown: the caller gets an error and the
+                # result (a range, say) is dropped, never served.
+                cur.execute("COMMIT")
+                if self._confirming:
+                    self._confirm_commit(cur)
+                return result
+            except IdmintError:
+                raise
+            except self._dialect.duplicate:
+                raise
+            except self._dialect.unavailable as exc:
+                self._drop_connection()
+                why = self._dialect.scrub(_one_line(exc))
+                raise StoreUnavailable(f"store {self.display_url} unavailable: {why}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
