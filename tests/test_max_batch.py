@@ -11,10 +11,13 @@ import pytest
 
 import idmint
 from idmint import InvalidArgument, KeyNotFound
-from idmint.stores import _sql_dialect, redact
+from idmint.stores import redact
 from idmint.stores.sql import schema as sql_schema
 from idmint.stores.sql.connection import SqlConnection
-from idmint.stores.sql.schema import TABLE
+from idmint.stores.sql.mysql import mysql_dialect
+from idmint.stores.sql.postgres import postgres_dialect
+from idmint.stores.sql.schema import TABLE, Dialect
+from idmint.stores.sql.sqlite import sqlite_dialect
 
 from checks import run_threads
 
@@ -46,11 +49,20 @@ def test_max_batch_is_kept_in_the_key_row(store_url: str) -> None:
         assert taken.key.max_batch == 250 and len(taken.range) == 7
 
 
+def _dialect(url: str) -> Dialect:
+    """The SQL dialect of a test store URL, as its engine would make it."""
+    scheme = url.split("://", 1)[0]
+    if scheme == "sqlite":
+        return sqlite_dialect(url, timeout=5.0)
+    if scheme in ("postgresql", "postgres"):
+        return postgres_dialect(url, redact(url), timeout=5.0)
+    return mysql_dialect(url, redact(url), timeout=5.0)
+
+
 def _old_table(url: str) -> Any:
     """A raw connection to `url` holding idmint_keys as versions before max_batch made it,
     with one key in it."""
-    scheme = url.split("://", 1)[0]
-    dialect = _sql_dialect(scheme, url, redact(url), 5.0)
+    dialect = _dialect(url)
     old = re.sub(r",\s*\n\s*max_batch[^\n]*", "", dialect.schema[0])
     assert "max_batch" not in old and "updated_at" in old
     conn = dialect.connect()
@@ -96,8 +108,7 @@ def test_adding_the_column_survives_losing_the_race(shared_sql_store_url: str) -
     # The other process adds the column between our look and our ALTER TABLE: ours fails
     # ("duplicate column") and the connection goes on, finding the column there.
     other = _old_table(shared_sql_store_url)
-    scheme = shared_sql_store_url.split("://", 1)[0]
-    dialect = _sql_dialect(scheme, shared_sql_store_url, redact(shared_sql_store_url), 5.0)
+    dialect = _dialect(shared_sql_store_url)
     conn = dialect.connect()
 
     class Raced:

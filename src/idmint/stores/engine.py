@@ -20,28 +20,14 @@ from typing import Any, cast
 
 from .._errors import InvalidArgument
 from .base import CasStore, LeaseStore, QuorumNode, RangeStore
+from .registry import engines_with
 
-#: The engine names `open_engine` knows, for messages and docs.
-ENGINE_NAMES = (
-    "sqlite",
-    "postgresql",
-    "mysql",
-    "redis",
-    "etcd",
-    "zookeeper",
-    "cassandra",
-    "memory",
-)
-
-#: What each capability is, and which engines have it (for the error that names them).
-CAPABILITIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ranges": ("segment keys", ENGINE_NAMES),
-    "leases": ("snowflake worker leases", ENGINE_NAMES),
-    "cas": ("compare-and-set cells", ENGINE_NAMES),
-    "quorum": (
-        "quorum nodes",
-        ("sqlite", "postgresql", "mysql", "redis", "etcd", "zookeeper", "memory"),
-    ),
+#: What each capability is, for the error naming the engines that have it (registry.py).
+CAPABILITIES = {
+    "ranges": "segment keys",
+    "leases": "snowflake worker leases",
+    "cas": "compare-and-set cells",
+    "quorum": "quorum nodes",
 }
 
 
@@ -79,10 +65,10 @@ class Engine:
             if made is None:
                 maker = self._makers.get(capability)
                 if maker is None:
-                    what, engines = CAPABILITIES[capability]
+                    engines = ", ".join(engines_with(capability))
                     raise InvalidArgument(
-                        f"store {self.display_url} ({self.kind}) has no {what}; the engines "
-                        f"that have them: {', '.join(engines)}"
+                        f"store {self.display_url} ({self.kind}) has no "
+                        f"{CAPABILITIES[capability]}; the engines that have them: {engines}"
                     )
                 made = self._made[capability] = maker(self)
             return made

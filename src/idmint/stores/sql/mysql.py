@@ -14,12 +14,14 @@ from urllib.parse import unquote, urlsplit
 
 from ..._errors import DriverMissing, InvalidArgument
 from .._urls import ENCODE_HINT, misplaced_at, scrub
+from ..engine import Engine
 from ..replication import (
     ReplicationState,
     mysql_state,
     semi_sync_fields,
     take_replication_parameters,
 )
+from .engine import sql_engine
 from .leases import CREATE_WORKERS_TABLE
 from .schema import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
 
@@ -199,3 +201,8 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         on_connect=("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",),
     )
     return dialect
+
+
+def open_mysql_engine(url: str, display: str, *, timeout: float) -> Engine:
+    """The registry's opener (stores/registry.py): checks the URL, imports the driver."""
+    return sql_engine("mysql", mysql_dialect(url, display, timeout=timeout), url, display)

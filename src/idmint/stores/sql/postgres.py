@@ -22,12 +22,14 @@ from ..._errors import DriverMissing, InvalidArgument
 from ...ids import is_digits
 from .._deadline import WATCHDOG
 from .._urls import scrub
+from ..engine import Engine
 from ..replication import (
     POSTGRES_QUERY,
     ReplicationState,
     postgres_state,
     take_replication_parameters,
 )
+from .engine import sql_engine
 from .leases import CREATE_WORKERS_TABLE
 from .schema import TABLE, Dialect
 
@@ -235,3 +237,8 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         ),
     )
     return dialect
+
+
+def open_postgres_engine(url: str, display: str, *, timeout: float) -> Engine:
+    """The registry's opener (stores/registry.py): checks the URL, imports the driver."""
+    return sql_engine("postgresql", postgres_dialect(url, display, timeout=timeout), url, display)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from ..._errors import InvalidArgument
 from .._urls import redact
+from ..engine import Engine
+from .engine import sql_engine
 from .leases import CREATE_WORKERS_TABLE
 from .schema import TABLE, Dialect
 
@@ -124,3 +126,8 @@ def sqlite_dialect(url: str, *, timeout: float) -> Dialect:
         ),
     )
     return dialect
+
+
+def open_sqlite_engine(url: str, display: str, *, timeout: float) -> Engine:
+    """The registry's opener (stores/registry.py): checks the URL, imports the driver."""
+    return sql_engine("sqlite", sqlite_dialect(url, timeout=timeout), url, display)
