@@ -15,19 +15,26 @@ from typing import Any
 import pytest
 
 import idmint
+from idmint.stores import registry
 
+import toy_engine
 from http_server import ServerProcess
 from servers import MariaDBServer, PostgresServer
 
+# The toy engine (tests/toy_engine/, docs/design.md "How to add an engine") is registered in
+# this process, so it runs the contract suites of one process; other processes, which know
+# only the engines idmint ships, never get its URLs.
+registry.register(toy_engine.ROW)
+
 # In CI every server must be there: a missing one is a failure, never a skip.
 ENGINES = ("memory", "sqlite", "postgres", "mariadb", "redis", "etcd", "zookeeper", "cassandra")
-STORES = ENGINES  # every engine keeps segment keys
+STORES = (*ENGINES, "toy")  # every engine keeps segment keys
 # Those other processes can reach.
 SHARED_STORES = ENGINES[1:]
 SHARED_SQL_STORES = ("sqlite", "postgres", "mariadb")  # for tests of the SQL schema itself
-LEASE_STORES = ENGINES
-CAS_STORES = ENGINES  # every engine keeps compare-and-set cells
-SHARED_LEASE_STORES = LEASE_STORES[1:]  # all but memory: those other processes can reach
+LEASE_STORES = (*ENGINES, "toy")
+CAS_STORES = (*ENGINES, "toy")  # every engine keeps compare-and-set cells
+SHARED_LEASE_STORES = ENGINES[1:]  # all but memory: those other processes can reach
 KV_SERVERS = {
     "redis": "RedisServer",
     "etcd": "EtcdServer",
@@ -61,6 +68,8 @@ def fresh_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
         return f"memory://{name}"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'idmint.db'}"
+    if kind == "toy":
+        return f"toy://{tmp_path / 'toy'}"
     if kind in KV_SERVERS:
         kv = request.getfixturevalue(f"{kind}_server")
         kv_url: str = kv.store_url(name)  # a fresh prefix on the shared server
