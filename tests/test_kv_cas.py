@@ -37,7 +37,13 @@ def private_redis() -> Iterator[RedisServer]:
 
 
 def warnings_in(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "idmint.stores.redis"]
+    """The Redis engine's warnings (its loggers: idmint.stores.redis and those under it)."""
+    engine = "idmint.stores.redis"
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == engine or r.name.startswith(engine + ".")
+    ]
 
 
 def test_redis_refuses_to_write_when_persistence_can_lose_a_swap(

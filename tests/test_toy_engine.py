@@ -15,15 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
-import test_lease_contract
-import test_store_contract
-import toy_engine
-from toy_engine.cells import DirectoryCells
 
 import idmint
 from idmint.stores import open_engine, registry
 from idmint.stores.over_cas.leases import CasLeaseStore
 from idmint.stores.over_cas.ranges import CasRangeStore
+
+import test_lease_contract
+import test_store_contract
+import toy_engine
+from toy_engine.cells import DirectoryCells
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,7 @@
 """What every lease store decides the same way: which worker id a new lease takes, and the
 name a holder goes by. The Redis lease store runs the worker-choice rule inside Redis, in Lua
-(`redis._ACQUIRE`); tests/test_leasing.py checks that copy chooses as `choose_worker` does."""
+(`_ACQUIRE` in redis/leases.py); tests/test_leasing.py checks that copy chooses as
+`choose_worker` does."""
 
 from __future__ import annotations
 

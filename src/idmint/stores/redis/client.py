@@ -53,3 +53,30 @@ class RedisCells(Protocol):
     def identity(self) -> StoreIdentity | None: ...
 
     def close(self) -> None: ...
+
+
+# Every script that answers reads the server's clock (TIME) last, after its writes: scripts
+# replicated as scripts (Redis before 7) may not write after a non-deterministic command.
+
+# Makes {prefix}:meta, the store's identity, if it is missing (a new or wiped Redis): ARGV[1]
+# is a fresh UUID, the creation time is Redis's TIME. Returns {id, created_ms}. TIME comes
+# before a write here: replicate the script's effects, not its text (the default from Redis 5).
+META_SCRIPT = """
+if redis.replicate_commands then redis.replicate_commands() end
+local meta = KEYS[1]
+if redis.call('EXISTS', meta) == 0 then
+    local now = redis.call('TIME')
+    local ms = now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000))
+    redis.call('HSET', meta, 'id', ARGV[1], 'created_ms', ms)
+end
+return redis.call('HMGET', meta, 'id', 'created_ms')
+"""
+
+# A cell's compare-and-set (cas.py; the lease store's failover fence moves cells with it too).
+# KEYS: the cell. ARGV: the version as read, the new value. The new version, or 0 when the
+# cell is gone or has another version. Versions are compared as the strings HINCRBY wrote.
+SWAP_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'value', ARGV[2])
+return redis.call('HINCRBY', KEYS[1], 'version', 1)
+"""
