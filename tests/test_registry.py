@@ -25,8 +25,8 @@ SAMPLE_URLS = {
 
 
 def test_every_row_opens_its_engine_with_the_capabilities_it_states(tmp_path: Path) -> None:
-    assert sorted(SAMPLE_URLS) == sorted(registry.engine_names())
-    for row in registry.ENGINES:
+    assert sorted(SAMPLE_URLS) == sorted(row.kind for row in registry.SHIPPED)
+    for row in registry.SHIPPED:
         for scheme in row.schemes:
             url = SAMPLE_URLS[row.kind].format(tmp=tmp_path)
             url = scheme + url[url.index("://") :]
@@ -60,3 +60,26 @@ def test_a_scheme_belongs_to_one_engine() -> None:
         registry.register(taken)
     schemes = registry.schemes()
     assert len(schemes) == len(set(schemes))
+
+
+def test_the_docs_and_the_package_follow_the_rows() -> None:
+    """docs/stores.md's table of engines shows every scheme and driver extra; every extra is
+    one pyproject.toml defines; and the engine that raises DriverMissing names its row's."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    docs = (root / "docs/stores.md").read_text()
+    table = docs[docs.index("## Engines") :].split("\n\n")[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for row in registry.SHIPPED:
+        for scheme in row.schemes:
+            assert f"`{scheme}://" in table, scheme
+        if row.extra is not None:
+            assert f"`idmint[{row.extra}]`" in table and row.extra in extras, row.extra
+            module = (
+                root / "src/idmint/stores" / row.opener.split(":")[0].strip(".").replace(".", "/")
+            )
+            sources = module.rglob("*.py") if module.is_dir() else [module.with_suffix(".py")]
+            assert any(f"idmint[{row.extra}]" in p.read_text() for p in sources), row.kind

@@ -41,7 +41,8 @@ class EngineRow:
         )
 
 
-ENGINES: list[EngineRow] = [
+#: The engines idmint ships.
+SHIPPED: tuple[EngineRow, ...] = (
     EngineRow("sqlite", ("sqlite",), ".sql.sqlite:open_sqlite_engine", None),
     EngineRow(
         "postgresql", ("postgresql", "postgres"), ".sql.postgres:open_postgres_engine", "postgres"
@@ -60,7 +61,9 @@ ENGINES: list[EngineRow] = [
         ALL - {"quorum"},
     ),
     EngineRow("memory", ("memory",), ".memory:open_memory_engine", None),
-]
+)
+#: The engines this process knows: those shipped, and any `register` added.
+ENGINES: list[EngineRow] = list(SHIPPED)
 
 
 def register(row: EngineRow) -> None:
