@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from ..._errors import DriverMissing, InvalidArgument
 from .._urls import ENCODE_HINT, misplaced_at, scrub
@@ -134,17 +134,10 @@ CREATE TABLE IF NOT EXISTS {CELLS_TABLE} (
 """
 
 
-def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
-    try:
-        import pymysql
-    except ImportError as exc:
-        raise DriverMissing(
-            "mysql:// stores need the PyMySQL driver: pip install 'idmint[mysql]'"
-        ) from exc
-
+def _address(url: str, display_url: str) -> tuple[SplitResult, str, int]:
+    """The URL's parts, database and port, or InvalidArgument."""
     if misplaced_at(url):
         raise InvalidArgument(f"bad MySQL URL {display_url!r}: {ENCODE_HINT}")
-    url, unsafe, gap = take_replication_parameters(url, display_url)
     parts = urlsplit(url)
     database = parts.path.lstrip("/")
     if not database or not parts.hostname:
@@ -156,6 +149,19 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     except ValueError as exc:
         # urlsplit takes a password's first characters for the port when it holds a "/"
         raise InvalidArgument(f"bad MySQL URL {display_url!r}: {scrub(str(exc), url)}") from exc
+    return parts, database, port
+
+
+def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
+    try:
+        import pymysql
+    except ImportError as exc:
+        raise DriverMissing(
+            "mysql:// stores need the PyMySQL driver: pip install 'idmint[mysql]'"
+        ) from exc
+
+    url, unsafe, gap = take_replication_parameters(url, display_url)
+    parts, database, port = _address(url, display_url)
 
     # The server reports a lock wait that lasted the store timeout; the client waits a second
     # more for any answer, so that the server's error (which keeps the connection) comes first.

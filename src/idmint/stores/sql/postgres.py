@@ -149,18 +149,10 @@ def replication(cur: Any) -> ReplicationState:
     return postgres_state(tuple(cur.fetchone()))
 
 
-def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
+def _conninfo(psycopg: Any, url: str, display_url: str) -> dict[str, Any]:
+    """The URL's connection parameters as libpq reads them, or InvalidArgument."""
     try:
-        import psycopg
-    except ImportError as exc:
-        raise DriverMissing(
-            "postgresql:// stores need the psycopg driver: pip install 'idmint[postgres]'"
-        ) from exc
-
-    url = url.replace("postgres://", "postgresql://", 1)
-    url, unsafe, gap = take_replication_parameters(url, display_url)
-    try:
-        given = psycopg.conninfo.conninfo_to_dict(url)
+        given: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         why = scrub(" ".join(str(exc).split()), url)  # libpq may quote a piece of the password
         raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}") from exc
@@ -170,9 +162,12 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             # in it: scrubbed, like libpq's own messages.
             why = scrub(f"port {port!r} is not a number from 1 to 65535", url)
             raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}")
+    return given
 
-    # TCP-level bounds, unless the URL sets its own: keepalives notice a peer gone silent on an
-    # idle connection; tcp_user_timeout drops a connection whose sent data stays unacknowledged.
+
+def _tcp_bounds(psycopg: Any, timeout: float) -> dict[str, Any]:
+    """TCP-level bounds (the URL's own win): keepalives notice a peer gone silent on an idle
+    connection; tcp_user_timeout drops a connection whose sent data stays unacknowledged."""
     tcp: dict[str, Any] = {
         "keepalives": 1,
         "keepalives_idle": max(1, math.ceil(timeout)),
@@ -182,7 +177,25 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
     }
     if psycopg.pq.version() < 120000:  # libpq before 12 has no tcp_user_timeout
         del tcp["tcp_user_timeout"]
-    tcp = {name: value for name, value in tcp.items() if name not in given}
+    return tcp
+
+
+def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
+    """PostgreSQL's Dialect for a URL (checked here). Long for one reason: the Dialect is one
+    literal, a line and its why for each setting."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise DriverMissing(
+            "postgresql:// stores need the psycopg driver: pip install 'idmint[postgres]'"
+        ) from exc
+
+    url = url.replace("postgres://", "postgresql://", 1)
+    url, unsafe, gap = take_replication_parameters(url, display_url)
+    given = _conninfo(psycopg, url, display_url)
+    tcp = {
+        name: value for name, value in _tcp_bounds(psycopg, timeout).items() if name not in given
+    }
 
     def connect() -> Any:
         conn = psycopg.connect(
