@@ -606,3 +606,61 @@ def test_the_store_url_from_a_file(
     assert main(["keys", "list"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read IDMINT_STORE_FILE" in err, err
+
+
+def test_serve_has_an_option_for_each_flagged_setting_of_server_config() -> None:
+    # serve's options are built from ServerConfig's fields (their Flag): none is restated.
+    import click
+
+    from idmint.cli import cli
+    from idmint.server.config import FLAGS, SETTINGS, env_variable
+
+    options = {p.name: p for p in cli.commands["serve"].params if isinstance(p, click.Option)}
+    assert set(options) == {*FLAGS, "store", "timeout", "config_file"}
+    for name, (flag, default) in FLAGS.items():
+        assert options[name].help == flag.describe(name, default)
+        assert "{" not in (options[name].help or "")  # every placeholder filled in
+        assert options[name].envvar == (env_variable(name) if flag.env else None)
+    # These come from the environment or the file only (store and timeout: the shared options).
+    assert SETTINGS - set(FLAGS) == {
+        "store",
+        "timeout",
+        "wait",
+        "max_step",
+        "preload_at",
+        "snowflake_layout",
+        "snowflake_namespace",
+    }
+
+
+def test_every_flag_of_serve_reaches_the_server_config(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from idmint.server.config import FLAGS, ServerConfig
+
+    served: list[ServerConfig] = []
+    monkeypatch.setattr("idmint.server.run.serve", served.append)
+    texts = {
+        "host": "localhost",
+        "token": "admin-token",
+        "client_token": "client-token",
+        "dc": "eu",
+        "dc_store": f"sqlite:///{tmp_path / 'eu.db'}",
+        "quorum": ",".join(f"sqlite:///{tmp_path / n}.db" for n in "abc"),
+    }
+    args: list[str] = []
+    wanted: dict[str, object] = {}
+    for name, (flag, default) in FLAGS.items():  # each one off its default
+        option = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            args.append(option if not default else "--no-" + option[2:])
+            wanted[name] = not default
+        else:
+            value = texts.get(name) or next((c for c in flag.choices if c != default), None)
+            value = value or type(default)(default + 1)
+            args += [option, str(value)]
+            wanted[name] = value
+    assert main(["--store", f"sqlite:///{tmp_path / 's.db'}", "serve", *args]) == 0, (
+        capsys.readouterr().err
+    )
+    assert {name: getattr(served[0], name) for name in wanted} == wanted

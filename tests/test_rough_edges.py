@@ -207,8 +207,17 @@ def test_the_sdist_carries_the_tests_and_pypi_would_take_both(tmp_path: Path) ->
         "Classifier: Typing :: Typed",
         "Description-Content-Type: text/markdown",
         "Provides-Extra: sqlalchemy",
+        "Provides-Extra: server",
     ):
         assert field in fields, field
+    # The server's dependencies come with its extra only: a library install has no server.
+    always = [
+        line
+        for line in fields.splitlines()
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line
+    ]
+    server = ("granian", "prometheus", "uvloop")
+    assert always and not [d for d in always if any(name in d for name in server)], always
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
     unpacked = next(p for p in tmp_path.iterdir() if p.is_dir())

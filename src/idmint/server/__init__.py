@@ -1,8 +1,9 @@
 """The idmint HTTP server: `idmint serve`, or any ASGI/RSGI server on `create_app`.
 
 The names below load their modules when first asked for: the CLI reads `server.config` (for
-`--config` and `IDMINT_STORE_FILE`) without loading the app, its metrics (prometheus-client)
-and what else only a running server needs.
+`--config`, `IDMINT_STORE_FILE` and the options it builds from the settings) without loading
+the app, its metrics (prometheus-client) and what else only a running server needs, which the
+`server` extra installs.
 """
 
 from typing import TYPE_CHECKING, Any

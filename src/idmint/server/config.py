@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import InvalidArgument, did_you_mean
 from ..ids import check_key_name
@@ -30,22 +30,75 @@ FILE_SUFFIX = "_FILE"
 #: kept for the server's life, and about 0.5 ms of every scrape per worker (prometheus-client's
 #: multiprocess collection: 3,000 keys took 1.4 s).
 MAX_METRICS_KEYS = 1000
+#: What --http takes: HTTP/1.1, 1.1 and 2, or 2 only.
+HTTP_VERSIONS = ("auto", "1", "2")
+#: The key of a field's metadata that holds its Flag.
+FLAG = "flag"
+
+T = TypeVar("T")
+
+
+def env_variable(name: str) -> str:
+    """The environment variable of setting `name`: IDMINT_<NAME>."""
+    return ENV_PREFIX + name.upper()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A setting's option of `idmint serve` (the CLI builds the option from this, so a setting's
+    flag, help and variable are written here only). Its type follows the field's: a bool is a
+    switch, an int an integer, a float a finite number, a str TEXT or one of `choices`."""
+
+    #: The help; "{default}" stands for the field's default, "{env}" for its variable.
+    help: str
+    #: The option's declaration; empty: --<name with dashes>.
+    opts: str = ""
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    #: Whether the option reads IDMINT_<NAME> itself. `--unsafe-nodes` does not: the same option
+    #: of `idmint next` must be typed, never switched on by the environment (serve still reads
+    #: IDMINT_UNSAFE_NODES, as every setting, through ServerConfig.env_values).
+    env: bool = True
+
+    def describe(self, name: str, default: object) -> str:
+        """The help of setting `name`, its default and variable filled in."""
+        shown: object = default
+        if isinstance(default, bool):
+            shown = "on" if default else "off"
+        elif isinstance(default, float):
+            shown = f"{default:g}"  # 10, not 10.0
+        return self.help.format(default=shown, env=env_variable(name))
+
+
+def flagged(default: T, help: str, **flag: Any) -> T:
+    """A field with this default that is also an option of `idmint serve`: `help` and `flag`
+    are its Flag's."""
+    result: T = field(default=default, metadata={FLAG: Flag(help, **flag)})
+    return result
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     store: str = DEFAULT_STORE_URL
-    host: str = "127.0.0.1"
-    port: int = 8080
-    workers: int = 1
-    #: Bearer token for the key admin routes; without one, admin over HTTP is refused.
-    token: str = ""
-    #: Bearer token for the routes that hand out ids (the admin token works there too); empty:
-    #: those routes are open.
-    client_token: str = ""
-    #: Admin without the token from loopback clients. Behind a reverse proxy on the same host
-    #: every client is loopback, so this is an explicit opt-in, never a default.
-    admin_loopback: bool = False
+    host: str = flagged("127.0.0.1", "Address to listen on [default: {default}].")
+    port: int = flagged(8080, "Port [default: {default}].")
+    workers: int = flagged(1, "Worker processes [default: {default}].")
+    token: str = flagged(
+        "",
+        "Bearer token for key admin over HTTP; without one, admin over HTTP is refused.",
+    )
+    client_token: str = flagged(
+        "",
+        "Bearer token the routes that hand out ids need (the admin token works there too); "
+        "without one, they are open.",
+    )
+    #: Behind a reverse proxy on the same host every client is loopback, so this is an
+    #: explicit opt-in, never a default.
+    admin_loopback: bool = flagged(
+        False,
+        "Allow key admin without the token from loopback clients. Not behind a reverse "
+        "proxy on the same host: there every client is loopback.",
+    )
     timeout: float = DEFAULT_TIMEOUT
     #: How long a request waits for a range when nothing is buffered (seconds).
     wait: float = 1.0
@@ -53,53 +106,114 @@ class ServerConfig:
     preload_at: float = 0.1
     #: Seconds from SIGTERM until the process has exited, whatever the store does: in-flight
     #: requests finish, unused ids go back to the store if it answers in time.
-    shutdown_timeout: float = 10.0
+    shutdown_timeout: float = flagged(
+        10.0, "Seconds from SIGTERM to exit, whatever the store does [default: {default}]."
+    )
     #: Share the port with other processes (SO_REUSEPORT); off: refuse a port already served.
-    reuse_port: bool = False
+    reuse_port: bool = flagged(
+        False,
+        "Share the port with other processes; without it, a port another process listens "
+        "on is refused.",
+    )
     #: HTTP versions granian speaks: "1" (1.1), "auto" (1.1 and 2) or "2". HTTP/1.1 is the
     #: default because only there does granian time out a connection that sends nothing
     #: (header_timeout); in auto mode it waits for the first bytes without a bound.
-    http: str = "1"
+    http: str = flagged(
+        "1",
+        "HTTP versions to speak [default: {default}; auto and 2 do not time out silent "
+        "connections].",
+        choices=HTTP_VERSIONS,
+    )
     #: Connections each worker holds at once (granian's backpressure); more wait in the backlog.
-    max_connections: int = 4096
-    #: Connections the kernel queues before a worker takes them.
-    backlog: int = 1024
+    max_connections: int = flagged(
+        4096,
+        "Connections each worker holds at once, idle ones included [default: {default}].",
+    )
+    backlog: int = flagged(
+        1024,
+        "Connections the kernel queues before a worker takes them [default: {default}].",
+    )
     #: Seconds a connection has to send a request's headers, including the wait for the first
     #: byte and the idle time of a kept-alive connection between requests (HTTP/1.1).
-    header_timeout: float = 10.0
-    #: HTTP/1.1 keep-alive; each kept connection still closes after header_timeout idle.
-    keep_alive: bool = True
+    header_timeout: float = flagged(
+        10.0,
+        "Seconds a connection has to send a request's headers; idle kept-alive connections "
+        "close then too [default: {default}].",
+    )
+    #: Each kept connection still closes after header_timeout idle.
+    keep_alive: bool = flagged(
+        True, "HTTP/1.1 keep-alive [default: {default}].", opts="--keep-alive/--no-keep-alive"
+    )
+    #: Threads that load every key's next range in the background, soonest dry first.
+    refill_threads: int = flagged(
+        DEFAULT_THREADS,
+        "Threads loading every key's next range, soonest dry first [default: {default}].",
+    )
+    #: Keys whose generators start (and take a range) when the server starts, as Leaf loads
+    #: every tag; the others start on their first request.
+    warm_keys: int = flagged(
+        1000,
+        "Keys that take a range at start; the rest start on first use [default: {default}].",
+    )
+    #: Keys with series of their own in /metrics and entries in /v1/stats: each process's
+    #: busiest (most ids issued); every key counts in the aggregate series. 0: aggregates only.
+    metrics_keys: int = flagged(
+        100,
+        "Keys with series of their own in /metrics and entries in /v1/stats: each worker's "
+        "busiest; every key counts in the aggregates [default: {default}; 0: aggregates "
+        "only].",
+    )
+    #: Each key's ids go out over HTTP no faster than its whole id space in this many days,
+    #: per server process (a 32-bit key: 829 ids/s at 30); 0: no budget (see budget.py).
+    id_budget_days: float = flagged(
+        30.0,
+        "Each key's ids go out over HTTP no faster than its whole id space in this many "
+        "days, per worker (a 32-bit key: 829 ids/s) [default: {default}; 0: no budget].",
+    )
+    #: "text" for people, "json" for log collectors: one object a line (server/logs.py).
+    log_format: str = flagged(
+        "text",
+        "Log lines for people, or one JSON object a line for log collectors [default: {default}].",
+        choices=LOG_FORMATS,
+    )
     #: The snowflake routes' layout and worker-id namespace.
     snowflake_layout: str = "twitter"
     snowflake_namespace: str = "default"
     #: Serve datacenter keys as this datacenter (empty: segment keys), with its own store
-    #: (empty: on Cassandra, the same cluster at LOCAL_SERIAL).
-    dc: str = ""
-    dc_store: str = ""
+    #: (empty: on Cassandra, the same cluster at LOCAL_SERIAL). The CLI's datacenter commands
+    #: take the same options.
+    dc: str = flagged(
+        "",
+        "The datacenter this runs in, for datacenter keys (env {env}).",
+        metavar="NAME",
+    )
+    dc_store: str = flagged(
+        "",
+        "The datacenter's own store, for datacenter keys (env {env}) [default on "
+        "cassandra://: the same cluster at LOCAL_SERIAL].",
+        metavar="URL",
+    )
     #: The nodes of the quorum keys this server serves (/v1/quorum/{key}/ids): store URLs
     #: joined by commas; empty: no quorum route. unsafe_nodes: accept nodes that do not fsync
-    #: every write.
-    quorum: str = ""
-    unsafe_nodes: bool = False
-    #: Threads that load every key's next range in the background, soonest dry first.
-    refill_threads: int = DEFAULT_THREADS
-    #: Keys whose generators start (and take a range) when the server starts, as Leaf loads
-    #: every tag; the others start on their first request.
-    warm_keys: int = 1000
-    #: Keys with series of their own in /metrics and entries in /v1/stats: each process's
-    #: busiest (most ids issued); every key counts in the aggregate series. 0: aggregates only.
-    metrics_keys: int = 100
-    #: Each key's ids go out over HTTP no faster than its whole id space in this many days,
-    #: per server process (a 32-bit key: 829 ids/s at 30); 0: no budget (see budget.py).
-    id_budget_days: float = 30.0
-    #: "text" for people, "json" for log collectors: one object a line (server/logs.py).
-    log_format: str = "text"
+    #: every write. `idmint next` takes the same options.
+    quorum: str = flagged(
+        "",
+        "Node URLs of a quorum key, joined by commas (env {env}): redis://, sqlite://, "
+        "postgresql://, mysql://, etcd://, zk:// servers that share nothing, an odd "
+        "number, 3 or more.",
+        metavar="URLS",
+    )
+    unsafe_nodes: bool = flagged(
+        False,
+        "Use quorum nodes that do not fsync every write (ids may repeat after a crash).",
+        env=False,
+    )
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():  # NaN passes every range check below
             if isinstance(value, float) and not math.isfinite(value):
                 raise InvalidArgument(
-                    f"{name} (IDMINT_{name.upper()}) must be a finite number, not {value}"
+                    f"{name} ({env_variable(name)}) must be a finite number, not {value}"
                 )
         if not 0.1 <= self.timeout <= 600:
             raise InvalidArgument(f"timeout must be from 0.1 to 600 seconds, not {self.timeout:g}")
@@ -122,7 +236,7 @@ class ServerConfig:
             raise InvalidArgument(f"warm_keys must be from 0 to 1000000, not {self.warm_keys}")
         if self.log_format not in LOG_FORMATS:
             raise InvalidArgument(f"log_format must be text or json, not {self.log_format!r}")
-        if self.http not in ("auto", "1", "2"):
+        if self.http not in HTTP_VERSIONS:
             raise InvalidArgument(f"http must be auto, 1 or 2, not {self.http!r}")
         if not 0 < self.port < 65536:
             raise InvalidArgument(f"port must be from 1 to 65535, not {self.port}")
@@ -152,7 +266,7 @@ class ServerConfig:
             )
 
     def to_env(self) -> dict[str, str]:
-        return {ENV_PREFIX + k.upper(): str(v) for k, v in asdict(self).items()}
+        return {env_variable(k): str(v) for k, v in asdict(self).items()}
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> ServerConfig:
@@ -197,9 +311,7 @@ class ServerConfig:
         # Compared without the prefix, which every one shares.
         return [
             variable
-            + did_you_mean(
-                variable[len(ENV_PREFIX) :].lower(), sorted(names), lambda n: ENV_PREFIX + n.upper()
-            )
+            + did_you_mean(variable[len(ENV_PREFIX) :].lower(), sorted(names), env_variable)
             for variable in unknown
         ]
 
@@ -210,6 +322,11 @@ class ServerConfig:
 
 #: Every setting's name.
 SETTINGS = frozenset(f.name for f in fields(ServerConfig))
+#: The settings that are options of `idmint serve`, in the order its help lists them: name ->
+#: (its Flag, its default).
+FLAGS: dict[str, tuple[Flag, Any]] = {
+    f.name: (f.metadata[FLAG], f.default) for f in fields(ServerConfig) if FLAG in f.metadata
+}
 
 
 def setting_from_file(name: str) -> str | None:
@@ -219,7 +336,7 @@ def setting_from_file(name: str) -> str | None:
     credential, a Kubernetes secret volume). One trailing newline is dropped, as editors
     and `echo` add one. Both IDMINT_<NAME> (not empty) and IDMINT_<NAME>_FILE set is refused,
     as which one was meant cannot be known."""
-    variable = ENV_PREFIX + name.upper()
+    variable = env_variable(name)
     path = os.environ.get(variable + FILE_SUFFIX)
     if path is None:
         return None

@@ -276,7 +276,7 @@ def _serve_uvicorn(config: ServerConfig) -> None:
         import uvicorn  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
         raise InvalidArgument(
-            "idmint serve needs granian (or uvicorn): pip install granian"
+            "idmint serve needs granian (or uvicorn): pip install 'idmint[server]'"
         ) from exc
     uvicorn.run(
         TARGET,
