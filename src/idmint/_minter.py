@@ -7,14 +7,13 @@ import threading
 from dataclasses import replace
 from typing import cast
 
-from ._errors import Closed, Exhausted, InvalidArgument
-from ._fork import ForkAware, private_random
+from ._errors import Closed, InvalidArgument
+from ._fork import ForkAware
 from .aio import AsyncSegment
 from .ids import (
     DEFAULT_FIRST_ID,
     DEFAULT_STEP,
     ID_MAX,
-    Allocation,
     Key,
     Range,
     check_count,
@@ -25,53 +24,26 @@ from .ids import (
 from .keyspace import DATACENTER, SEGMENT, KeySpace, KindCheckedRanges, QuorumKey
 from .layout import Layout
 from .stores import DEFAULT_TIMEOUT, open_engine
-from .stores.base import LeaseStore, QuorumNode, RangeStore, StoreIdentity
+from .stores.base import LeaseStore, RangeStore, StoreIdentity
 from .stores.engine import Engine
 from .stores.replication import ReplicationState
 from .stores.static import StateFileLeases, StaticLeaseStore
 from .strategies.datacenter import DatacenterRanges, ReservationSizing, check_dc_name
 from .strategies.quorum import (
-    QuorumCounter,
     QuorumGenerator,
     QuorumNodeSet,
     QuorumOptions,
     check_nodes,
+    checked_quorum,
 )
 from .strategies.segment import SegmentGenerator, SegmentOptions
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
+from .strategies.stripes import allocate_any as allocate_any  # the server imports it from here
 
 log = logging.getLogger("idmint")
 
 #: Seconds Minter.close() waits for generators to give their ranges back.
 CLOSE_TIMEOUT = 10.0
-
-_jitter = private_random()
-
-
-def allocate_any(
-    store: RangeStore, name: str, count: int | None = None, *, stripe: int | None = None
-) -> Allocation:
-    """`store.allocate`, except that with no `stripe` a striped key hands out a range while
-    any of its stripes has ids left: when the stripe the store chose is exhausted, the others
-    that still have some (as the key's row says) are tried in random order. Only then does it
-    raise Exhausted for the whole key (no `stripe`). With a `stripe`, that stripe or nothing.
-    """
-    try:
-        return store.allocate(name, count, stripe=stripe)
-    except Exhausted as exc:
-        if stripe is not None or exc.stripe is None or (exc.stripes or 1) < 2:
-            raise
-        spent = exc
-    key = store.get_key(name)
-    left = [s for s, start in enumerate(key.next_ids) if s != spent.stripe and start <= key.last_id]
-    _jitter.shuffle(left)
-    for other in left:
-        try:
-            return store.allocate(name, count, stripe=other)
-        except Exhausted as exc:
-            if exc.stripe is None:
-                raise
-    raise Exhausted(name, key.last_id) from spent
 
 
 class Minter(ForkAware):
@@ -416,7 +388,7 @@ class Minter(ForkAware):
             bounded = replace(options or QuorumOptions(), start=key.start, max=key.max)
             node_set = self._node_set(nodes, bounded)
             try:
-                made = _checked_quorum(name, node_set, bounded)
+                made = checked_quorum(name, node_set, bounded)
             except InvalidArgument:
                 # A set no key could use (a node unsafe, or named twice) is not kept: the
                 # next call looks at the nodes afresh, once the operator has fixed them.
@@ -555,27 +527,13 @@ def open_quorum(
     if isinstance(nodes, str):
         raise InvalidArgument("nodes is a list of store URLs, not one string")
     opened = [open_engine(url, timeout=timeout).quorum() for url in nodes]
-    return _checked_quorum(name, opened, options)
+    return checked_quorum(name, opened, options)
 
 
 def _open_node_set(nodes: list[str], options: QuorumOptions, *, timeout: float) -> QuorumNodeSet:
     check_nodes(nodes)  # before opening anything
     opened = [open_engine(url, timeout=timeout).quorum() for url in nodes]
     return QuorumNodeSet(opened, unsafe=options.unsafe, recheck=options.recheck)
-
-
-def _checked_quorum(
-    name: str, nodes: list[QuorumNode] | QuorumNodeSet, options: QuorumOptions | None
-) -> QuorumGenerator:
-    """Quorum key `name` on `nodes`, its nodes checked (those that answer now)."""
-    counter = QuorumCounter(name, nodes, options)
-    generator = QuorumGenerator(counter)
-    try:
-        counter.check()
-    except BaseException:
-        generator.close()
-        raise
-    return generator
 
 
 def connect(
