@@ -564,3 +564,13 @@ def test_a_bounded_key_cannot_be_burnt_over_http(tmp_path: Path) -> None:
     off.shutdown()
     with pytest.raises(InvalidArgument, match="id_budget_days"):
         ServerConfig(id_budget_days=float("nan"))
+
+
+def test_a_placeholder_takes_any_character(app: App) -> None:
+    """A key with a newline or a slash in it reaches its route, which refuses it as a key."""
+    for key in ("a\nb", "a/b", "\n"):
+        assert app.router.match(f"/api/snowflake/get/{key}") == (
+            "/api/snowflake/get/{key}",
+            {"key": key},
+        )
+    assert app.router.match("/v1/keys/a\nb")[0] == "/v1/keys/{key}"

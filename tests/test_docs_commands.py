@@ -171,6 +171,6 @@ def test_every_documented_curl_names_a_route_that_answers_get(tmp_path: Path) ->
     paths = {m.group(1) for page in PAGES for m in CURL.finditer(page.read_text())}
     assert "/api/segment/get/order" in paths and len(paths) >= 3
     for path in paths:
-        pattern, _ = app._match(path.partition("?")[0])
-        assert pattern and "GET" in app._routes[pattern], f"the docs curl {path}: no such route"
-    assert not app._match("/v1/key/order/ids")[0]  # a stale path would fail
+        pattern, _ = app.router.match(path.partition("?")[0])
+        assert pattern and "GET" in app.router.by_path[pattern], f"the docs curl {path}: no route"
+    assert not app.router.match("/v1/key/order/ids")[0]  # a stale path would fail

@@ -1,5 +1,6 @@
 """/openapi.json and the routes cannot drift apart: every route and method the router answers
-is in the document and nothing else is, and schemathesis (fixed seed, bounded examples) finds
+is in the document and nothing else is, every integer limit a route declares is the one it
+enforces and the one the document states, and schemathesis (fixed seed, bounded examples) finds
 no request the document allows that a route refuses, and no 5xx. On main it found 10 such
 requests (the `max` of a new key with stripes among them)."""
 
@@ -9,14 +10,16 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 import idmint
 from idmint.server import App, ServerConfig
-from idmint.server.openapi import openapi_document
+from idmint.server.routes import INT, Param, Route
 
 from http_server import ServerProcess
+from test_app import call
 
 TOKEN = "drift-token"
 #: Refusals by a rule of the key a request names (its batch cap, its stripes, its maximum) or
@@ -30,14 +33,80 @@ PER_KEY = re.compile(
 
 def test_the_document_names_exactly_the_routes_the_router_answers(tmp_path: Path) -> None:
     app = App(ServerConfig(store=f"sqlite:///{tmp_path / 'a.db'}"))
-    spec = openapi_document(idmint.__version__)["paths"]
+    spec = call(app, "GET", "/openapi.json").json()["paths"]  # as served
 
     def shape(path: str) -> str:  # the placeholders' names may differ: {key}, {id}
         return re.sub(r"\{[^}]*\}", "{}", path)
 
-    routed = {(shape(p), m.lower()) for p, methods in app._routes.items() for m in methods}
+    routed = {(shape(p), m.lower()) for p, methods in app.router.by_path.items() for m in methods}
     documented = {(shape(p), m) for p, ops in spec.items() for m in ops}
     assert routed == documented, (routed - documented, documented - routed)
+    assert len(routed) >= 40
+    # Every path the document names is one the router matches, to the same template.
+    for path in spec:
+        example = path.replace("{id}", "1").replace("{namespace}", "ns").replace("{key}", "k")
+        assert app.router.match(example)[0] == path, path
+
+
+def _documented(spec: dict[str, Any], route: Route, method: str, param: Param) -> dict[str, Any]:
+    """The schema the served document gives `param` of `route`."""
+    op = spec["paths"][route.path][method.lower()]
+    if param.where == "body":
+        body = op["requestBody"]["content"]["application/json"]["schema"]
+        return dict(body["properties"][param.name])
+    [found] = [p for p in op.get("parameters", []) if p["name"] == param.name]
+    return dict(found["schema"])
+
+
+def _request(route: Route, param: Param, value: int) -> tuple[str, dict[str, Any]]:
+    """A request to `route` with `param` at `value` and every other required one valid."""
+    path = route.path.replace("{key}", "order").replace("{namespace}", "ns")
+    query = {p.name: "order" if p.name == "bizType" else "1" for p in route.params}
+    query = {n: v for n, v in query.items() if route.param(n).required and n != param.name}
+    body: dict[str, Any] = {}
+    if route.body is not None:
+        body = {f.name: 0 if f.kind == INT else "fresh" for f in route.body.fields if f.required}
+    if param.where == "body":
+        body[param.name] = value
+    else:
+        query[param.name] = str(value)
+    return path, {"params": query, **({"json": body} if route.body is not None else {})}
+
+
+def test_each_integer_limit_is_enforced_and_documented_from_one_declaration(
+    tmp_path: Path,
+) -> None:
+    """For every integer a route declares (query or body), one past either end of its range
+    is a 400, and the served document states that range: both read the same declaration.
+    (A quorum route checks its count before it asks its nodes, which need not exist.)"""
+    config = ServerConfig(
+        store=f"sqlite:///{tmp_path / 'a.db'}",
+        admin_loopback=True,
+        quorum="memory://a,memory://b,memory://c",
+    )
+    app = App(config)
+    assert call(app, "POST", "/v1/keys", json={"name": "order"}).status_code == 201
+    spec = call(app, "GET", "/openapi.json").json()
+    checked = 0
+    for route in app.router.routes:
+        params = [*route.params, *(route.body.fields if route.body else ())]
+        for param in (p for p in params if p.kind == INT):
+            method = route.methods[0]
+            schema = _documented(spec, route, method, param)
+            if param.blank_is_default:  # a string of digits in the document
+                pattern = re.compile(schema["pattern"])
+                assert pattern.fullmatch(str(param.maximum)), (route.path, param.name)
+                assert not pattern.fullmatch(str(param.maximum + 1)), (route.path, param.name)
+                assert not pattern.fullmatch(str(param.minimum - 1)), (route.path, param.name)
+            else:
+                assert (schema["minimum"], schema["maximum"]) == (param.minimum, param.maximum)
+            for past in (param.minimum - 1, param.maximum + 1):
+                path, kwargs = _request(route, param, past)
+                refused = call(app, method, path, **kwargs)
+                where = (method, route.path, param.name, past, refused.text)
+                assert refused.status_code == 400, where
+                checked += 1
+    assert checked >= 30, checked
 
 
 def test_schemathesis_finds_no_schema_valid_request_refused(tmp_path: Path) -> None:

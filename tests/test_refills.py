@@ -234,7 +234,7 @@ def serving(app: App, keys: int) -> App:
     """The app once started, as a server starts it: it has read every key's row."""
     app.startup()
     deadline = time.monotonic() + 10
-    while len(app._key_rows) < keys:
+    while len(app.service.rows) < keys:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return app

@@ -16,25 +16,36 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, Protocol
-from urllib.parse import parse_qs
+from typing import Any
 
 from .._errors import IdmintError
-from ..ids import ID_MAX, KEY_NAME_PATTERN, Allocation, Key, check_key_name, is_digits
-from .config import ServerConfig
+from ..ids import ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
 from .http import (
     MAX_IDS,
     MAX_RANGE,
     STATUS_OF,
     HttpError,
-    Request,
     Response,
     bearer_in,
-    bearer_is,
     json_response,
 )
 from .metrics import Counters
+from .openapi import E400_CAP, E401_IDS, E404, E410, E503, TEXT, json_ok, text_ok
 from .pools import PoolTimeout
+from .routes import (
+    IDS,
+    KEY,
+    KEY_PATTERN,
+    QUERY_TOKEN,
+    SPRING_METHODS,
+    STR,
+    Call,
+    Param,
+    Route,
+    path_key,
+    query_int,
+)
+from .service import IdService
 
 TINYID_PREFIX = "/tinyid/id/"
 TINYID_IDS = TINYID_PREFIX + "nextId"
@@ -44,26 +55,13 @@ TINYID_SEGMENT_SIMPLE = TINYID_PREFIX + "nextSegmentIdSimple"
 COSID_ID = "/ids/{key}"
 COSID_SEGMENT = "/segments/{namespace}/{key}"
 COSID_DISTRIBUTOR = "/segments/distributor/{namespace}/{key}"
-#: The routes that hand out ids, for the per-route counts.
-ID_ROUTES = (
-    TINYID_IDS,
-    TINYID_IDS_SIMPLE,
-    TINYID_SEGMENT,
-    TINYID_SEGMENT_SIMPLE,
-    COSID_ID,
-    COSID_SEGMENT,
-)
-#: The access class of tinyid's routes: the client token (when one is set) as tinyid passes
-#: it, in a `token` query parameter, or as a bearer header; checked by the handler, which
-#: answers a wrong one in tinyid's own shape.
-QUERY_TOKEN = "ids-query-token"
 
 TINYID_OK = 200  # Response.java's code on success
 TOKEN_ERR = 5  # ErrorCode.TOKEN_ERR, message "token is error"
 SYS_ERR = 6  # ErrorCode.SYS_ERR: any other failure (the message says which)
 LOADING_PERCENT = 20  # Constants.LOADING_PERCENT: where a tinyid client loads its next segment
 
-Take = Callable[["Request", str], Awaitable[tuple[Any, str, int]]]
+Take = Callable[[Call, str], Awaitable[tuple[Any, str, int]]]
 
 
 def _path_part(text: str, what: str) -> str:
@@ -72,47 +70,204 @@ def _path_part(text: str, what: str) -> str:
     return text
 
 
-class IdRoutes(Protocol):
-    """What the drop-in routes use of the App (server/app.py) that builds them: its id
-    paths, config and counters. Stated here so that this module does not import app.py,
-    which imports it (imports point one way; tests/test_layers.py)."""
+# -- the declarations ----------------------------------------------------------------------------
 
-    config: ServerConfig
-    counters: Counters
-    _id_bearers: tuple[str, ...]
+BIZ_TYPE = Param(
+    "bizType",
+    "query",
+    KEY,
+    "The key: " + KEY_NAME_RULE,
+    required=True,
+    missing="bizType is required: the name of an idmint key",
+    pattern=KEY_PATTERN,
+)
+TOKEN = Param(
+    "token",
+    "query",
+    STR,
+    "The client token (or the admin token), when the server has one",
+)
+BATCH_SIZE = query_int(
+    "batchSize",
+    1,
+    MAX_IDS,
+    f"How many ids, 1 to {MAX_IDS}, at most the key's batch cap; absent or empty: 1, as "
+    "tinyid takes it",
+    default=1,
+    blank_is_default=True,
+)
+NAMESPACE = Param(
+    "namespace",
+    "path",
+    STR,
+    "CosId's namespace: checked, not used (the key is the name)",
+    required=True,
+    pattern=KEY_PATTERN,
+    check=lambda text: _path_part(text, "namespace"),
+)
+SEGMENT_ID: dict[str, Any] = {
+    "type": "object",
+    "required": ["maxId", "loadingId", "currentId", "delta", "remainder"],
+    "description": "tinyid's SegmentId: its ids are those in (currentId, maxId] congruent "
+    "to remainder modulo delta, a range idmint allocated",
+    "properties": {
+        name: {"type": "integer"}
+        for name in ("maxId", "loadingId", "currentId", "delta", "remainder")
+    },
+}
+COSID_ERROR = {
+    "description": "CosId's ErrorResponse, its code the HTTP status; or, for a bad key "
+    "name or a missing client token, idmint's one-line reason",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["code", "msg", "errors"],
+                "properties": {
+                    "code": {"type": "string"},
+                    "msg": {"type": "string"},
+                    "errors": {"type": "array", "items": {}},
+                },
+            }
+        },
+        **TEXT,
+    },
+}
+COSID_ERRORS = {str(status): COSID_ERROR for status in (400, 401, 404, 409, 410, 503)}
+LONG = {"type": "integer", "format": "int64"}
 
-    async def _key_row(self, key: str) -> Key: ...
 
-    async def _take_ids(self, key: str, count: int, what: str) -> list[int]: ...
+def _tinyid_json(data: dict[str, Any]) -> dict[str, Any]:
+    """tinyid's JSON answers: HTTP 200 (or 400 for input it could not parse) and a code."""
+    body = {
+        "type": "object",
+        "required": ["data", "code", "message"],
+        "properties": {
+            "data": {**data, "nullable": True},
+            "code": {"type": "integer", "enum": [TINYID_OK, TOKEN_ERR, SYS_ERR]},
+            "message": {"type": "string"},
+        },
+    }
+    return {
+        "200": json_ok(
+            body,
+            "OK (code 200), or tinyid's error codes: 5, a missing or wrong token; 6, any "
+            "other failure (the message says which)",
+        ),
+        "400": json_ok(body, "Bad input (code 6)"),
+    }
 
-    async def _allocate(
-        self, key: str, size: int | None, stripe: int | None
-    ) -> tuple[Allocation, Key]: ...
+
+def _tinyid_text(summary: str) -> dict[str, Any]:
+    """tinyid's plain answers: text, and idmint's statuses and reasons for errors."""
+    return {
+        "200": text_ok(summary),
+        "400": E400_CAP,
+        "401": E401_IDS,
+        "404": E404,
+        "410": E410,
+        "503": E503,
+    }
+
+
+def _tinyid(
+    path: str, handler: str, summary: str, params: tuple[Param, ...], data: dict[str, Any] | None
+) -> Route:
+    """A tinyid route: its JSON form (`data`: the schema of its data), or its plain form."""
+    responses = _tinyid_json(data) if data is not None else _tinyid_text(summary)
+    return Route(path, SPRING_METHODS, QUERY_TOKEN, handler, summary, params, None, responses, True)
+
+
+IDS_PARAMS = (BIZ_TYPE, TOKEN, BATCH_SIZE)
+SEGMENT_PARAMS = (BIZ_TYPE, TOKEN)
+ROUTES = (
+    _tinyid(
+        TINYID_IDS,
+        "tinyid_ids",
+        "tinyid's nextId: batchSize ids of the key",
+        IDS_PARAMS,
+        {"type": "array", "items": {"type": "integer"}},
+    ),
+    _tinyid(
+        TINYID_IDS_SIMPLE,
+        "tinyid_ids_simple",
+        "tinyid's nextIdSimple: batchSize ids of the key, comma-separated",
+        IDS_PARAMS,
+        None,
+    ),
+    _tinyid(
+        TINYID_SEGMENT,
+        "tinyid_segment",
+        "tinyid's nextSegmentId: a fresh range of the key's step",
+        SEGMENT_PARAMS,
+        SEGMENT_ID,
+    ),
+    _tinyid(
+        TINYID_SEGMENT_SIMPLE,
+        "tinyid_segment_simple",
+        "tinyid's nextSegmentIdSimple: a fresh range of the key's step, as "
+        "currentId,loadingId,maxId,delta,remainder (tinyid-client parses it)",
+        SEGMENT_PARAMS,
+        None,
+    ),
+    Route(
+        COSID_ID,
+        ("GET",),
+        IDS,
+        "cosid_id",
+        "CosId proxy's GET /ids/{name}: one id of the key, a JSON number",
+        (path_key(),),
+        responses={"200": json_ok(LONG), **COSID_ERRORS},
+        hands_ids=True,
+        greedy=True,
+    ),
+    Route(
+        COSID_SEGMENT,
+        ("PATCH",),
+        IDS,
+        "cosid_segment",
+        "CosId proxy's nextMaxId: a fresh range of step consecutive ids, answered as its last "
+        "id (the client's segment is (maxId - step, maxId])",
+        (
+            NAMESPACE,
+            path_key(),
+            query_int(
+                "step",
+                1,
+                MAX_RANGE,
+                "How many ids, at most the key's batch cap",
+                required=True,
+                missing="step is required: how many ids the segment holds",
+            ),
+        ),
+        responses={"200": json_ok(LONG), **COSID_ERRORS},
+        hands_ids=True,
+    ),
+    Route(
+        COSID_DISTRIBUTOR,
+        ("POST",),
+        IDS,
+        "cosid_distributor",
+        "CosId proxy's createDistributor: idempotent, an empty 200 when the key exists, has "
+        "no stripes and hands out ids above offset",
+        (
+            NAMESPACE,
+            path_key(),
+            query_int("offset", 0, ID_MAX, default=0),
+            # Checked, unused: each nextMaxId says its own step.
+            query_int("step", 1, ID_MAX, default=1),
+        ),
+        responses={"200": text_ok("Empty"), **COSID_ERRORS},
+    ),
+)
 
 
 class DropIn:
-    """The handlers of the drop-in routes, on the app's generators, allocations and counters."""
+    """The handlers of ROUTES, on the id service's generators and allocations (service.py)."""
 
-    def __init__(self, app: IdRoutes) -> None:
-        self.app = app
-
-    # -- routing -----------------------------------------------------------------------------
-
-    @staticmethod
-    def match(path: str) -> tuple[str, str | None]:
-        """CosId's segment routes and the key (its `name`) in them; ("", None) otherwise."""
-        if path.startswith("/segments/"):
-            parts = path[len("/segments/") :].split("/")
-            if len(parts) == 3 and parts[0] == "distributor":
-                return COSID_DISTRIBUTOR, parts[2]
-            if len(parts) == 2:
-                return COSID_SEGMENT, parts[1]
-        return "", None
-
-    @staticmethod
-    def _namespace(request: Request) -> str:
-        """CosId's namespace, from the path: checked, and otherwise unused (see the docs)."""
-        return _path_part(request.path.split("/")[-2], "namespace")
+    def __init__(self, service: IdService, counters: Counters) -> None:
+        self.service = service
+        self.counters = counters
 
     # -- errors ------------------------------------------------------------------------------
 
@@ -124,43 +279,42 @@ class DropIn:
             status = 503
         else:
             status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 500)
-        self.app.counters.error(route, status)
+        self.counters.error(route, status)
         return status, " ".join(str(exc).split())
 
     # -- tinyid ------------------------------------------------------------------------------
 
-    def _token_ok(self, request: Request) -> bool:
+    def _token_ok(self, call: Call) -> bool:
         """With a client token set, the `token` parameter (or the bearer header) must be it or
         the admin token; without one, anything goes, as on idmint's own id routes."""
-        accepted = self.app._id_bearers
+        accepted = self.service.bearers
         if not accepted:
             return True
-        given = parse_qs(request.query, keep_blank_values=True).get("token")
-        if given and bearer_in(f"Bearer {given[-1]}", accepted):
+        given = call.arg("token")
+        if given is not None and bearer_in(f"Bearer {given}", accepted):
             return True
-        config = self.app.config  # a bearer header, spelt as the other id routes take it
-        tokens = (t for t in (config.client_token, config.token) if t)
-        return any(bearer_is(request.authorization, token) for token in tokens)
+        # A bearer header, spelt as the other id routes take it.
+        return self.service.accepts(call.request.authorization)
 
-    async def _tinyid(self, request: Request, route: str, take: Take) -> Response:
+    async def _tinyid(self, call: Call, take: Take) -> Response:
         """tinyid's JSON form (`{"data", "code", "message"}`, HTTP 200 as tinyid answers, but
         400 for input it could not parse), or its plain form (text; errors are idmint's)."""
+        route = call.route.path
         simple = route.endswith("Simple")
+        request = call.request
         if request.body:
             # tinyid's users POST forms (`curl -d 'bizType=order'`): Spring reads the fields of
             # a form body as it reads query parameters.
             form = request.body.decode("utf-8", "replace")
             request = replace(request, query=f"{request.query}&{form}" if request.query else form)
+            call = replace(call, request=request)
         try:
-            if not self._token_ok(request):
+            if not self._token_ok(call):
                 raise HttpError(
                     401,
                     "this route needs the client token (token=..., as tinyid's clients send it)",
                 )
-            biz = parse_qs(request.query, keep_blank_values=True).get("bizType")
-            if not biz:
-                raise HttpError(400, "bizType is required: the name of an idmint key")
-            data, text, handed = await take(request, check_key_name(biz[-1]))
+            data, text, handed = await take(call, call.arg("bizType"))
         except (HttpError, IdmintError, PoolTimeout) as exc:
             if simple:
                 raise  # the router answers it: a status and a one-line reason
@@ -169,29 +323,21 @@ class DropIn:
                 return json_response({"data": None, "code": TOKEN_ERR, "message": "token is error"})
             body = {"data": None, "code": SYS_ERR, "message": reason}
             return json_response(body, 400 if status == 400 else 200)
-        self.app.counters.handed[route] += handed
+        self.counters.handed[route] += handed
         if simple:
             return Response(200, text)
         return json_response({"data": data, "code": TINYID_OK, "message": ""})
 
-    async def _ids(self, request: Request, key: str) -> tuple[Any, str, int]:
-        given = parse_qs(request.query, keep_blank_values=True).get("batchSize") or []
-        for value in given:  # every one checked: the last one is used
-            text = value.strip()
-            if text and not (is_digits(text) and 1 <= int(text) <= MAX_IDS):
-                raise HttpError(
-                    400, f"batchSize must be an integer from 1 to {MAX_IDS}, not {text!r}"
-                )
+    async def _ids(self, call: Call, key: str) -> tuple[Any, str, int]:
         # tinyid takes an empty batchSize as 1 (an Integer parameter left null)
-        count = int(given[-1]) if given and given[-1].strip() else 1
-        ids = await self.app._take_ids(key, count, "batchSize")
+        ids = await self.service.take_ids(key, call.arg("batchSize"), "batchSize")
         return ids, ",".join(map(str, ids)), len(ids)
 
-    async def _segment(self, request: Request, key: str) -> tuple[Any, str, int]:
+    async def _segment(self, call: Call, key: str) -> tuple[Any, str, int]:
         """A fresh range of the key (its step), as tinyid's SegmentId: a client hands out the
         ids in (currentId, maxId] that are congruent to remainder modulo delta, which are the
         range's ids exactly (a striped key's range has stride delta)."""
-        taken, _ = await self.app._allocate(key, None, None)
+        taken, _ = await self.service.allocate(key, None, None)
         ids = taken.range
         current = ids.start - 1  # SegmentId.init() moves it to start - delta when delta > 1
         segment = {  # SegmentId's fields in their order (Jackson writes them so)
@@ -206,17 +352,17 @@ class DropIn:
         )
         return segment, text, len(ids)
 
-    async def tinyid_ids(self, request: Request, key: str | None) -> Response:
-        return await self._tinyid(request, TINYID_IDS, self._ids)
+    async def tinyid_ids(self, call: Call) -> Response:
+        return await self._tinyid(call, self._ids)
 
-    async def tinyid_ids_simple(self, request: Request, key: str | None) -> Response:
-        return await self._tinyid(request, TINYID_IDS_SIMPLE, self._ids)
+    async def tinyid_ids_simple(self, call: Call) -> Response:
+        return await self._tinyid(call, self._ids)
 
-    async def tinyid_segment(self, request: Request, key: str | None) -> Response:
-        return await self._tinyid(request, TINYID_SEGMENT, self._segment)
+    async def tinyid_segment(self, call: Call) -> Response:
+        return await self._tinyid(call, self._segment)
 
-    async def tinyid_segment_simple(self, request: Request, key: str | None) -> Response:
-        return await self._tinyid(request, TINYID_SEGMENT_SIMPLE, self._segment)
+    async def tinyid_segment_simple(self, call: Call) -> Response:
+        return await self._tinyid(call, self._segment)
 
     # -- CosId -------------------------------------------------------------------------------
 
@@ -233,32 +379,30 @@ class DropIn:
             return response
         if value is None:  # createDistributor: Spring's empty 200 for a void method
             return Response(200, "")
-        self.app.counters.handed[route] += handed
+        self.counters.handed[route] += handed
         return json_response(value)
 
-    async def cosid_id(self, request: Request, key: str | None) -> Response:
+    async def cosid_id(self, call: Call) -> Response:
         """One id of key `key`: a bare JSON number, as CosId's `GET /ids/{name}`."""
-        assert key is not None
+        key = call.key
 
         async def one() -> tuple[Any, int]:
-            [i] = await self.app._take_ids(key, 1, "count")
+            [i] = await self.service.take_ids(key, 1, "count")
             return i, 1
 
         return await self._cosid(COSID_ID, one())
 
-    async def cosid_segment(self, request: Request, key: str | None) -> Response:
+    async def cosid_segment(self, call: Call) -> Response:
         """CosId's nextMaxId: a fresh range of `step` consecutive ids of key `key`, answered as
         its last id, so the client's (maxId - step, maxId] is that range exactly."""
-        assert key is not None
+        key = call.key
 
         async def next_max_id() -> tuple[Any, int]:
-            self._namespace(request)
-            step = request.param("step", 0, MAX_RANGE)
-            if not step:
-                raise HttpError(400, "step is required: how many ids the segment holds")
-            if (await self.app._key_row(key)).stripes > 1:
+            call.arg("namespace")
+            step = call.arg("step")
+            if (await self.service.key_row(key)).stripes > 1:
                 raise HttpError(400, self._striped(key))
-            taken, _ = await self.app._allocate(key, step, None)
+            taken, _ = await self.service.allocate(key, step, None)
             if len(taken.range) < step:  # a bounded key's last ids: never served, so no gap
                 raise HttpError(
                     410,
@@ -269,22 +413,19 @@ class DropIn:
 
         return await self._cosid(COSID_SEGMENT, next_max_id())
 
-    async def cosid_distributor(self, request: Request, key: str | None) -> Response:
+    async def cosid_distributor(self, call: Call) -> Response:
         """CosId's createDistributor: idempotent; the key must exist (keys are idmint's admin's
         to make), and every id it hands out must be above `offset`, as CosId's would be."""
-        assert key is not None
+        key = call.key
 
         async def check() -> tuple[Any, int]:
-            self._namespace(request)
-            query = parse_qs(request.query, keep_blank_values=True)
-            offset = (query.get("offset") or ["0"])[-1].strip()
-            if not is_digits(offset) or len(offset) > 19:
-                raise HttpError(400, f"offset must be a non-negative integer, not {offset!r}")
-            request.param("step", 1, ID_MAX)  # checked, unused: each call says its own
-            row = await self.app._key_row(key)
+            call.arg("namespace")
+            offset = call.arg("offset")
+            call.arg("step")  # checked, unused: each call says its own
+            row = await self.service.key_row(key)
             if row.stripes > 1:
                 raise HttpError(400, self._striped(key))
-            if row.max_id <= int(offset):
+            if row.max_id <= offset:
                 raise HttpError(
                     409,
                     f"key {key!r} would hand out ids from {row.max_id}, not above the offset "

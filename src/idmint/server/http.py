@@ -8,10 +8,8 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs
 
 from .._errors import (
     ClockMovedBackwards,
@@ -25,7 +23,7 @@ from .._errors import (
     StoreUnavailable,
     WorkersExhausted,
 )
-from ..ids import BATCH_CAP_MAX, MAX_STRIPES
+from ..ids import BATCH_CAP_MAX
 
 MAX_IDS = 100_000
 MAX_RANGE = BATCH_CAP_MAX
@@ -71,29 +69,6 @@ class Request:
     #: The body was over MAX_BODY: the shell stopped reading it (and `body` is empty).
     oversized: bool = False
 
-    def param(self, name: str, default: int, maximum: int) -> int:
-        """An integer query parameter in [1, maximum]; anything else is a 400."""
-        values = parse_qs(self.query, keep_blank_values=True).get(name)
-        if not values:
-            return default
-        text = values[-1].strip()
-        if not NUMBER.fullmatch(text) or not 1 <= int(text) <= maximum:
-            raise HttpError(400, f"{name} must be an integer from 1 to {maximum}, not {text!r}")
-        return int(text)
-
-    def stripe(self) -> int | None:
-        """The `stripe` query parameter: None when absent, else an integer from 0 to
-        MAX_STRIPES - 1 (whether the key has it is checked against the key)."""
-        values = parse_qs(self.query, keep_blank_values=True).get("stripe")
-        if not values:
-            return None
-        text = values[-1].strip()
-        if not NUMBER.fullmatch(text) or not 0 <= int(text) < MAX_STRIPES:
-            raise HttpError(
-                400, f"stripe must be an integer from 0 to {MAX_STRIPES - 1}, not {text!r}"
-            )
-        return int(text)
-
     def json(self) -> dict[str, Any]:
         try:
             data = json.loads(self.body or b"{}")
@@ -102,9 +77,6 @@ class Request:
         if not isinstance(data, dict):
             raise HttpError(400, "the body must be a JSON object")
         return data
-
-
-Handler = Callable[[Request, str | None], Awaitable[Response]]
 
 
 def bearer_in(authorization: str | None, accepted: tuple[str, ...]) -> bool:

@@ -1,0 +1,192 @@
+"""What every route that hands out segment ids shares, idmint's own (id_routes.py) and the
+peers' (dropin.py): the keys' rows as last read (their batch caps), the names found to be no
+key, the keys' generators, the HTTP id budget, and the three ways to take ids: drawn from a
+generator (`take_ids`), a whole range (`allocate`), or a key's row (`key_row`)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+
+from .._errors import KeyNotFound
+from .._minter import Minter, allocate_any
+from ..aio import draw
+from ..ids import BATCH_CAP_MAX, BATCH_CAP_STEPS, Allocation, Key, check_stripe
+from ..strategies.segment import SegmentGenerator
+from .budget import IdBudget, OverBudget
+from .config import ServerConfig
+from .http import HttpError, bearer_is
+from .metrics import Counters
+from .pools import Pool
+
+NEGATIVE_CACHE_SECONDS = 1.0
+BATCH_CAP_HEADER = "idmint-batch-cap"
+
+
+def check_cap(row: Key, asked: int, what: str) -> None:
+    """Refuse a request for more ids than the key's batch cap, naming the cap (also in a
+    header, for clients that size their requests by it)."""
+    if asked <= row.batch_cap:
+        return
+    rule = (
+        "set by an admin"
+        if row.max_batch
+        else f"the default: the key's step x {BATCH_CAP_STEPS}, at most {BATCH_CAP_MAX}"
+    )
+    raise HttpError(
+        400,
+        f"{what} {asked} is over key {row.name!r}'s cap of {row.batch_cap} ids per request "
+        f"({rule}); ask for fewer, or have an admin change max_batch "
+        f"(PATCH /v1/keys/{row.name})",
+        ((BATCH_CAP_HEADER, str(row.batch_cap)),),
+    )
+
+
+class IdService:
+    """The segment keys as the id routes see them. `minter` is called for the app's minter
+    (opened on first use); store calls run on `pool`, within the config's timeout."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        minter: Callable[[], Minter],
+        pool: Pool,
+        counters: Counters,
+    ) -> None:
+        self.config = config
+        self._minter = minter
+        self.pool = pool
+        self.counters = counters
+        self.store_deadline = config.timeout
+        #: Each key's row as last read: its batch cap.
+        self.rows: dict[str, Key] = {}
+        #: Each key's generator, made on first use (or at warm-up).
+        self.generators: dict[str, SegmentGenerator] = {}
+        # Names found to be no key (of the kind asked for), and until when that is trusted.
+        self._missing: dict[str, tuple[float, KeyNotFound]] = {}
+        # Ids per second each key may hand out over HTTP in this process (budget.py).
+        self._budget = IdBudget(config.id_budget_days)
+        #: Bearer headers the hot path accepts as they are (any other form of a good token
+        #: takes the full path, which parses the header): none, and the id routes are open,
+        #: unless a client token is set (the admin token alone guards admin only).
+        self.bearers = (
+            tuple(f"Bearer {t}" for t in (config.client_token, config.token) if t)
+            if config.client_token
+            else ()
+        )
+
+    # -- who may take ids --------------------------------------------------------------------
+
+    def accepts(self, authorization: str | None) -> bool:
+        """Whether a request with this Authorization header may take ids: always when no
+        client token is set; else with it or the admin token."""
+        if not self.bearers:
+            return True
+        tokens = (t for t in (self.config.client_token, self.config.token) if t)
+        return any(bearer_is(authorization, token) for token in tokens)
+
+    # -- keys' rows --------------------------------------------------------------------------
+
+    async def key_row(self, key: str) -> Key:
+        """The key's row as last read (the app reads every row each few seconds), or read now
+        the first time; so a flood of made-up names costs one store read per name per second
+        (KeyNotFound is remembered that long) and no threads."""
+        row = self.rows.get(key)
+        if row is not None:
+            return row
+        self.check_missing(key)
+        try:
+            row = await self.pool.run(self.store_deadline, self._minter().key, key)
+        except KeyNotFound as exc:
+            self.remember_missing(key, exc)
+            raise
+        self.rows[key] = row
+        return row
+
+    def check_missing(self, name: str) -> None:
+        """Raise the KeyNotFound `name` was last answered with, while it is trusted."""
+        missing = self._missing.get(name)
+        if missing is not None and missing[0] > time.monotonic():
+            raise missing[1].again()
+
+    def remember_missing(self, name: str, error: KeyNotFound) -> None:
+        if len(self._missing) > 10_000:
+            self._missing.clear()
+        self._missing[name] = (time.monotonic() + NEGATIVE_CACHE_SECONDS, error)
+
+    def forget_missing(self, name: str) -> None:
+        self._missing.pop(name, None)
+
+    def keep_rows(self, keys: list[Key]) -> list[Key]:
+        self.rows.update((k.name, k) for k in keys)
+        return keys
+
+    def keep_allocated_row(self, row: Key) -> Key:
+        """Keep the row an allocation came back with when it is the key's own (stripe 0's:
+        the batch cap as the store has it now); a stripe's row has no batch cap or description,
+        so the key's row as last read stays. Returns the key's row."""
+        if row.stripe == 0:
+            self.rows[row.name] = row
+            return row
+        return self.rows.get(row.name) or row
+
+    # -- taking ids --------------------------------------------------------------------------
+
+    def charge(self, row: Key, ids: int) -> None:
+        """Take `ids` from the key's HTTP budget (budget.py), or answer 429."""
+        try:
+            self._budget.charge(row, ids)
+        except OverBudget as exc:
+            raise HttpError(429, str(exc), (("retry-after", f"{exc.retry_after:.0f}"),)) from None
+
+    async def generator(self, key: str) -> SegmentGenerator:
+        """The key's generator; made only for keys that exist."""
+        gen = self.generators.get(key)
+        if gen is not None:
+            return gen
+        await self.key_row(key)
+        gen = self.generators.get(key) or self._minter().segment(key)
+        self.generators[key] = gen
+        return gen
+
+    async def draw(self, gen: SegmentGenerator, count: int) -> list[int]:
+        """`count` ids of a key, waiting for its refills on the event loop (aio.draw), so a
+        request that waits for the store holds no thread (100,000 cold keys asked at once hold
+        none), for at most the server's `wait` in all. Fewer ids than asked, rather than
+        losing the ones already drawn, when the store fails midway."""
+        return await draw(gen, count, self.config.wait, per_range=False, partial=True)
+
+    async def take_ids(self, key: str, count: int, what: str) -> list[int]:
+        """`count` ids from the key's generator, within its batch cap (`what` names the count
+        in a refusal); fewer when the store fails after some were drawn."""
+        row = self.rows.get(key) or await self.key_row(key)
+        if count > 1:
+            check_cap(row, count, what)
+        self.charge(row, count)
+        return await self.draw(await self.generator(key), count)
+
+    async def allocate(
+        self, key: str, size: int | None, stripe: int | None
+    ) -> tuple[Allocation, Key]:
+        """A fresh range of the key (of `size` ids, or its step; from `stripe`, or any), and the
+        key's row as it stands after it."""
+        row = await self.key_row(key)
+        if stripe is not None:
+            check_stripe(stripe, row.stripes)
+        if size is not None:
+            check_cap(row, size, "size")
+        elif row.step > row.batch_cap:
+            size = row.batch_cap  # a cap below the step bounds the default size too
+        self.charge(row, size or row.step)
+        # A range the store commits after the deadline is dropped: skipped, never served.
+        taken = await self.pool.run(
+            self.store_deadline,
+            functools.partial(allocate_any, self._minter().ranges, key, size, stripe=stripe),
+        )
+        # The allocation's row is its stripe's: only the key's own row (stripe 0) has the
+        # batch cap, so a stripe's row never replaces it.
+        row = self.keep_allocated_row(taken.key)
+        handed = self.counters.ranges_handed
+        handed[key] = handed.get(key, 0) + len(taken.range)
+        return taken, row
