@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from idmint import LeaseLost, WorkerInUse, WorkersExhausted
 from idmint.stores import open_lease_store
 from idmint.stores.base import Lease, LeaseStore
+from idmint.stores.lease_protocol import FencedLeases, Request, Taken
+from idmint.stores.memory.leases import MemoryLeaseStore, _Slot
 
 from checks import run_threads
 
@@ -212,3 +216,144 @@ def test_an_identity_on_every_answer(store: LeaseStore) -> None:
         assert identity.created_ms is not None
         assert abs(identity.created_ms - time.time() * 1000) < 60_000
         assert lease.store_created_ms == identity.created_ms
+
+
+# -- two holders of one worker id: the checker, racing acquirers, and its negative control ------
+
+
+def double_holders(leases: list[Lease]) -> dict[int, list[str]]:
+    """The worker ids handed to more than one of `leases` (all taken while every one of them
+    was live), with the owners that got each: the worst bug a lease store can have."""
+    owners: dict[int, list[str]] = {}
+    for lease in leases:
+        owners.setdefault(lease.worker_id, []).append(lease.owner)
+    return {w: o for w, o in owners.items() if len(o) > 1}
+
+
+class _Gated:
+    """An acquisition whose first read waits, after reading, for every racing acquire to have
+    read too: they all chose from one table, and race to take the same worker id."""
+
+    def __init__(self, inner: Any, barrier: threading.Barrier) -> None:
+        self._inner, self._barrier, self._first = inner, barrier, True
+
+    def read(self) -> Any:
+        table = self._inner.read()
+        if self._first:
+            self._first = False
+            with contextlib.suppress(threading.BrokenBarrierError):
+                self._barrier.wait(30)
+        return table
+
+    def take(self, table: Any, worker_id: int, horizon_ms: int) -> Taken | None:
+        taken: Taken | None = self._inner.take(table, worker_id, horizon_ms)
+        return taken
+
+
+def racing(store: FencedLeases, parties: int) -> None:
+    """Make `store`'s acquires race in waves of `parties`: each reads the namespace, waits
+    until all have, then takes."""
+    barrier = threading.Barrier(parties)
+    acquiring = store._acquiring
+
+    @contextlib.contextmanager
+    def gated(request: Request) -> Iterator[_Gated]:
+        with acquiring(request) as acquisition:
+            yield _Gated(acquisition, barrier)
+
+    store._acquiring = gated  # type: ignore[method-assign]
+
+
+def grab_at_once(store: LeaseStore, threads: int, each: int, ns: str) -> list[Lease]:
+    """`each` leases per thread, taken by `threads` threads at once."""
+    got: list[Lease] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def grab() -> None:
+        try:
+            for _ in range(each):
+                lease = take(store, ns=ns, workers=64)
+                with lock:
+                    got.append(lease)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    run_threads(grab, threads)
+    assert not errors, errors
+    return got
+
+
+class _Snapshot:
+    """The unsafe store's table: its slots copied when read."""
+
+    def __init__(self, store: MemoryLeaseStore, namespace: str) -> None:
+        with store._lock:
+            self._slots = {w: replace(s) for (ns, w), s in store._slots.items() if ns == namespace}
+        self._now = store._clock()
+
+    def held(self, worker_id: int) -> bool:
+        slot = self._slots.get(worker_id)
+        return slot is not None and bool(slot.owner) and slot.expires > self._now
+
+    def reserved(self, worker_id: int) -> bool:
+        return False
+
+    def floor_ms(self, worker_id: int) -> int:
+        slot = self._slots.get(worker_id)
+        return 0 if slot is None else slot.horizon_ms
+
+    def holder(self, worker_id: int) -> tuple[str, float | None]:
+        return "", None
+
+
+class _BlindTake:
+    """A take that writes the lease without checking the id is still free: the broken
+    primitive the negative control runs the protocol on."""
+
+    def __init__(self, store: MemoryLeaseStore, request: Request) -> None:
+        self._store, self._request = store, request
+
+    def read(self) -> _Snapshot:
+        return _Snapshot(self._store, self._request.namespace)
+
+    def take(self, table: _Snapshot, worker_id: int, horizon_ms: int) -> Taken:
+        store, request = self._store, self._request
+        with store._lock:
+            slot = store._slots.setdefault((request.namespace, worker_id), _Slot())
+            floor = slot.horizon_ms
+            slot.owner, slot.expires = request.owner, store._clock() + request.ttl
+            slot.horizon_ms = max(floor, horizon_ms)
+        return Taken(floor, slot.horizon_ms)
+
+
+class _UnsafeLeases(MemoryLeaseStore):
+    """The protocol over a blind take, and no lock held across an acquire."""
+
+    @contextlib.contextmanager
+    def _acquiring(self, request: Request) -> Iterator[_BlindTake]:  # type: ignore[override]
+        yield _BlindTake(self, request)
+
+
+def test_the_checker_catches_a_take_that_does_not_check_the_lease_is_free() -> None:
+    # Negative control: the same protocol, the same racing acquirers, over a take that does
+    # not check: several of them are handed worker id 0, and the checker says so.
+    unsafe = _UnsafeLeases()
+    racing(unsafe, 4)
+    leases = grab_at_once(unsafe, 4, 1, "unsafe")
+    assert double_holders(leases) == {0: [lease.owner for lease in leases]}
+    # The safe memory store under the same threads (its lock serialises each acquire whole).
+    leases = grab_at_once(MemoryLeaseStore(), 4, 3, "safe")
+    assert double_holders(leases) == {}
+
+
+def test_racing_acquirers_never_share_a_worker_id(store: LeaseStore) -> None:
+    threads, each = 6, 3
+    if isinstance(store, FencedLeases) and not isinstance(store, MemoryLeaseStore):
+        racing(store, threads)  # every wave reads one table and races for one id
+    leases = grab_at_once(store, threads, each, "racing")
+    assert double_holders(leases) == {}
+    assert sorted(lease.worker_id for lease in leases) == list(range(threads * each))
+    for lease in leases:  # the store agrees each is the one holder of its id
+        assert store.renew(lease, lease.horizon_ms).worker_id == lease.worker_id

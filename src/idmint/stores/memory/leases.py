@@ -1,16 +1,18 @@
-"""Worker-id leases in a dict: for strategy tests. Same contract as the real lease stores."""
+"""Worker-id leases in a dict: for strategy tests. Same contract as the real lease stores, by
+the same protocol (lease_protocol.py): an acquire holds the one lock throughout, so its take
+never loses a race."""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from ..._errors import LeaseLost, WorkerInUse
-from ..base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
-from ..leasing import choose_worker
+from ..base import Lease, StoreIdentity, WorkerInfo
+from ..lease_protocol import LOST, FencedLeases, Found, Request, Taken
 from .cas import named_identity
 
 
@@ -22,7 +24,48 @@ class _Slot:
     host: str = ""
 
 
-class MemoryLeaseStore:
+class _Acquisition:
+    """One acquire, under the store's lock: the table is the dict itself."""
+
+    def __init__(self, store: MemoryLeaseStore, request: Request) -> None:
+        self._store, self._request = store, request
+        self._now = store._clock()
+
+    def _slot(self, worker_id: int) -> _Slot:
+        return self._store._slots.setdefault((self._request.namespace, worker_id), _Slot())
+
+    def read(self) -> _Acquisition:
+        return self
+
+    def held(self, worker_id: int) -> bool:
+        slot = self._slot(worker_id)
+        return bool(slot.owner) and slot.expires > self._now
+
+    def reserved(self, worker_id: int) -> bool:
+        return (self._request.namespace, worker_id) in self._store._reserved
+
+    def floor_ms(self, worker_id: int) -> int:
+        return self._slot(worker_id).horizon_ms
+
+    def holder(self, worker_id: int) -> tuple[str, float | None]:
+        slot = self._slot(worker_id)
+        return slot.host, slot.expires - self._now
+
+    def take(self, table: _Acquisition, worker_id: int, horizon_ms: int) -> Taken:
+        request = self._request
+        if request.claim is not None:
+            self._store._reserved.add((request.namespace, worker_id))
+        taken = self._slot(worker_id)
+        floor = taken.horizon_ms
+        taken.owner, taken.expires = request.owner, self._now + request.ttl
+        taken.horizon_ms = max(floor, horizon_ms)
+        taken.host = "memory"
+        # The identity's id only: no creation time (see MemoryLeaseStore).
+        identity = StoreIdentity(self._store._identity.id, None)
+        return Taken(floor, taken.horizon_ms, identity=identity)
+
+
+class MemoryLeaseStore(FencedLeases):
     """Leases judged by one clock (`clock`, monotonic seconds by default), under one lock."""
 
     def __init__(
@@ -37,76 +80,31 @@ class MemoryLeaseStore:
         # holder that lives on.
         self._identity = identity or StoreIdentity(uuid.uuid4().hex, None)
 
-    def acquire(
-        self,
-        namespace: str,
-        *,
-        workers: int,
-        ttl: float,
-        horizon_ms: int,
-        now_ms: int | None = None,
-        worker_id: int | None = None,
-    ) -> Lease:
+    @contextmanager
+    def _acquiring(self, request: Request) -> Iterator[_Acquisition]:
         with self._lock:
-            now = self._clock()
+            yield _Acquisition(self, request)
 
-            def slot(worker_id: int) -> _Slot:
-                return self._slots.setdefault((namespace, worker_id), _Slot())
-
-            def free(worker_id: int) -> bool:
-                return not slot(worker_id).owner or slot(worker_id).expires <= now
-
-            if worker_id is None:
-                candidates = (
-                    w for w in range(workers) if (namespace, w) not in self._reserved and free(w)
-                )
-                worker_id = choose_worker(
-                    namespace, workers, candidates, lambda w: slot(w).horizon_ms, now_ms
-                )
-                static = False
-            else:
-                check_claim(worker_id, workers)
-                if not free(worker_id):
-                    held = slot(worker_id)
-                    raise WorkerInUse(namespace, worker_id, held.host, held.expires - now)
-                self._reserved.add((namespace, worker_id))
-                static = True
-            taken = slot(worker_id)
-            floor = taken.horizon_ms
-            taken.owner, taken.expires = uuid.uuid4().hex, now + ttl
-            taken.horizon_ms = max(floor, horizon_ms)
-            taken.host = "memory"
-            return Lease(
-                namespace,
-                worker_id,
-                taken.owner,
-                floor,
-                taken.horizon_ms,
-                ttl,
-                store_id=self._identity.id,
-                static=static,
-            )
-
-    def renew(self, lease: Lease, horizon_ms: int) -> Lease:
+    def _refresh(self, lease: Lease, horizon_ms: int, expected_ms: int) -> Lease | Found:
         with self._lock:
             slot = self._slots.get((lease.namespace, lease.worker_id))
             if slot is None or slot.owner != lease.owner:
-                raise LeaseLost(f"worker {lease.worker_id} of {lease.namespace!r} has a new owner")
+                return LOST
             if slot.horizon_ms < lease.horizon_ms:
-                raise forgotten(lease, slot.horizon_ms)
+                return Found(True, slot.horizon_ms)
             slot.expires = self._clock() + lease.ttl
             slot.horizon_ms = max(slot.horizon_ms, horizon_ms)
             return replace(lease, horizon_ms=slot.horizon_ms, store_id=self._identity.id)
 
-    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
+    def _free(self, lease: Lease, horizon_ms: int | None) -> None:
         with self._lock:
             slot = self._slots.get((lease.namespace, lease.worker_id))
             if slot is not None and slot.owner == lease.owner:
                 slot.owner, slot.expires = "", 0.0
-                if issued_ms is not None:
-                    slot.horizon_ms = max(lease.floor_ms, issued_ms)
+                if horizon_ms is not None:
+                    slot.horizon_ms = horizon_ms
 
-    def holders(self, namespace: str) -> list[WorkerInfo]:
+    def _rows(self, namespace: str) -> list[WorkerInfo]:
         with self._lock:
             now = self._clock()
             return [

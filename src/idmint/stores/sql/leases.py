@@ -8,19 +8,21 @@ Acquire locks only the row it takes, and only for one statement: it reads the na
 without a lock, then takes one free row with a compare-and-set UPDATE (it matches only while
 the row is exactly as read) or inserts a new one, retrying when another process got there
 first. A process paused in the middle of an acquire holds no lock, so other holders' renewals
-never wait behind it.
+never wait behind it. The protocol itself is lease_protocol.py's; this module is its
+statements.
 """
 
 from __future__ import annotations
 
 import contextlib
-import uuid
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..._errors import LeaseLost, StoreUnavailable, WorkerInUse
-from ..base import Lease, WorkerInfo, check_claim, forgotten
-from ..leasing import HOLDER_NAME_MAX, choose_worker, holder_name
+from ..._errors import LeaseLost
+from ..base import Lease, WorkerInfo
+from ..lease_protocol import LOST, FencedLeases, Found, Request, Taken
+from ..leasing import HOLDER_NAME_MAX
 from .connection import SqlConnection
 from .schema import RESERVED_TABLE, Dialect
 
@@ -37,12 +39,94 @@ CREATE TABLE IF NOT EXISTS {WORKERS_TABLE} (
 )
 """
 
-# Each lost round means another process took a worker id or inserted a row meanwhile: this
-# bounds only pathological contention.
-ACQUIRE_ATTEMPTS = 100
+
+@dataclass
+class _Table:
+    """The namespace's rows by worker id (worker_id, owner, host, expires_ms, horizon_ms, now),
+    the database's clock when they were read, and the reserved ids (read when choosing)."""
+
+    rows: dict[int, Any]
+    now: int
+    reserved_ids: set[int]
+
+    def held(self, worker_id: int) -> bool:
+        row = self.rows.get(worker_id)  # free: never used, released, or its lease expired
+        return not (row is None or row[1] == "" or int(row[3]) <= self.now)
+
+    def reserved(self, worker_id: int) -> bool:
+        return worker_id in self.reserved_ids
+
+    def floor_ms(self, worker_id: int) -> int:
+        row = self.rows.get(worker_id)
+        return 0 if row is None else int(row[4])
+
+    def holder(self, worker_id: int) -> tuple[str, float | None]:
+        row = self.rows[worker_id]
+        return str(row[2]), (int(row[3]) - self.now) / 1000
 
 
-class SqlLeaseStore(SqlConnection):
+class _Unrenewed(LeaseLost):
+    """A renewal's UPDATE matched no row: rolled back, with what was found instead."""
+
+    def __init__(self, found: Found) -> None:
+        super().__init__("not renewed")
+        self.found = found
+
+
+class _Acquisition:
+    """One acquire's statements. No transaction: each statement commits on its own, so no lock
+    outlives one."""
+
+    def __init__(self, store: SqlLeaseStore, request: Request) -> None:
+        self._store, self._request = store, request
+
+    def read(self) -> _Table:
+        store, namespace = self._store, self._request.namespace
+
+        def body(cur: Any) -> _Table:
+            cur.execute(store._scan, (namespace,))
+            rows = {int(r[0]): r for r in cur.fetchall()}
+            if rows:
+                now = int(next(iter(rows.values()))[5])
+            else:  # a new namespace: read the database's clock on its own
+                cur.execute(store._now)
+                now = int(cur.fetchone()[0])
+            reserved: set[int] = set()
+            if self._request.claim is None:
+                cur.execute(store._reserved, (namespace,))
+                reserved = {int(r[0]) for r in cur.fetchall()}
+            return _Table(rows, now, reserved)
+
+        return store._run(body, transaction=False)
+
+    def take(self, table: _Table, worker_id: int, horizon_ms: int) -> Taken | None:
+        store, request = self._store, self._request
+        key = (request.namespace, worker_id)
+        floor = table.floor_ms(worker_id)
+        horizon = max(floor, horizon_ms)
+        new = (request.owner, request.host, int(request.ttl * 1000), horizon)
+
+        def body(cur: Any) -> Taken | None:
+            if request.claim is not None:
+                # Reserved first: a leasing process that read before this skips it next round.
+                with contextlib.suppress(*store._dialect.duplicate):
+                    cur.execute(store._reserve, key)
+            taken = Taken(floor, horizon, store_ms=table.now, identity=store._identity)
+            row = table.rows.get(worker_id)
+            if row is None:
+                try:
+                    cur.execute(store._insert, (*key, *new))
+                except store._dialect.duplicate:
+                    return None
+                return taken
+            _, was_owner, _, was_expires, was_horizon, _ = row
+            cur.execute(store._take, (*new, *key, was_owner, was_expires, was_horizon))
+            return taken if cur.rowcount == 1 else None
+
+        return store._run(body, transaction=False)
+
+
+class SqlLeaseStore(SqlConnection, FencedLeases):
     """A LeaseStore on the idmint_workers table."""
 
     def __init__(self, dialect: Dialect, display_url: str) -> None:
@@ -83,88 +167,11 @@ class SqlLeaseStore(SqlConnection):
             f"WHERE namespace = {p} ORDER BY worker_id"
         )
 
-    def _lease(self, lease: Lease, **changes: Any) -> Lease:
-        """`lease` with `changes` and the identity of the store as this connection sees it."""
-        identity = self._identity
-        return replace(
-            lease,
-            store_id=identity.id if identity else None,
-            store_created_ms=identity.created_ms if identity else None,
-            **changes,
-        )
+    @contextlib.contextmanager
+    def _acquiring(self, request: Request) -> Iterator[_Acquisition]:
+        yield _Acquisition(self, request)
 
-    def acquire(
-        self,
-        namespace: str,
-        *,
-        workers: int,
-        ttl: float,
-        horizon_ms: int,
-        now_ms: int | None = None,
-        worker_id: int | None = None,
-    ) -> Lease:
-        owner, host, ttl_ms = uuid.uuid4().hex, holder_name(), int(ttl * 1000)
-        claim = None if worker_id is None else check_claim(worker_id, workers)
-
-        def attempt(cur: Any) -> Lease | None:
-            """One round: a lease, or None when another process changed a row first."""
-            cur.execute(self._scan, (namespace,))
-            rows = {int(r[0]): r for r in cur.fetchall()}
-            if rows:
-                now = int(next(iter(rows.values()))[5])
-            else:  # a new namespace: read the database's clock on its own
-                cur.execute(self._now)
-                now = int(cur.fetchone()[0])
-
-            def free(row: Any) -> bool:  # never used, released, or its holder's lease expired
-                return row is None or row[1] == "" or int(row[3]) <= now
-
-            def floor(worker_id: int) -> int:
-                row = rows.get(worker_id)
-                return 0 if row is None else int(row[4])
-
-            if claim is None:
-                cur.execute(self._reserved, (namespace,))
-                reserved = {int(r[0]) for r in cur.fetchall()}
-                candidates = (w for w in range(workers) if w not in reserved and free(rows.get(w)))
-                chosen = choose_worker(namespace, workers, candidates, floor, now_ms)
-            else:
-                chosen = claim
-                row = rows.get(chosen)
-                if row is not None and not free(row):
-                    raise WorkerInUse(namespace, chosen, str(row[2]), (int(row[3]) - now) / 1000)
-                # Reserved first: a leasing process that read before this skips it next round.
-                with contextlib.suppress(*self._dialect.duplicate):
-                    cur.execute(self._reserve, (namespace, chosen))
-            lease = Lease(namespace, chosen, owner, floor(chosen), 0, ttl, store_ms=now)
-            lease = self._lease(lease, horizon_ms=max(lease.floor_ms, horizon_ms))
-            lease = replace(lease, static=claim is not None)
-            row = rows.get(chosen)
-            if row is None:
-                try:
-                    cur.execute(
-                        self._insert,
-                        (namespace, chosen, owner, host, ttl_ms, lease.horizon_ms),
-                    )
-                except self._dialect.duplicate:
-                    return None
-                return lease
-            _, was_owner, _, was_expires, was_horizon, _ = row
-            new = (owner, host, ttl_ms, lease.horizon_ms)
-            cur.execute(self._take, (*new, namespace, chosen, was_owner, was_expires, was_horizon))
-            return lease if cur.rowcount == 1 else None
-
-        for _ in range(ACQUIRE_ATTEMPTS):
-            # No transaction: each statement commits on its own, so no lock outlives one.
-            got = self._run(attempt, transaction=False)
-            if got is not None:
-                return got
-        raise StoreUnavailable(
-            f"store {self.display_url}: {ACQUIRE_ATTEMPTS} concurrent writers in a row took "
-            f"worker ids of namespace {namespace!r} first"
-        )
-
-    def renew(self, lease: Lease, horizon_ms: int) -> Lease:
+    def _refresh(self, lease: Lease, horizon_ms: int, expected_ms: int) -> Lease | Found:
         key = (lease.namespace, lease.worker_id)
 
         def body(cur: Any) -> Lease:
@@ -173,26 +180,32 @@ class SqlLeaseStore(SqlConnection):
             if cur.rowcount != 1:
                 cur.execute(self._holder, key)
                 row = cur.fetchone()
-                if row is not None and row[0] == lease.owner:
-                    raise forgotten(lease, int(row[1]))
-                raise LeaseLost(
-                    f"worker {lease.worker_id} of namespace {lease.namespace!r} has another owner"
-                )
+                ours = row is not None and row[0] == lease.owner
+                raise _Unrenewed(Found(True, int(row[1])) if ours else LOST)
             cur.execute(self._horizon, key)
             horizon, now = (int(v) for v in cur.fetchone())
-            return self._lease(lease, horizon_ms=horizon, store_ms=now)
+            identity = self._identity
+            return replace(
+                lease,
+                horizon_ms=horizon,
+                store_ms=now,
+                store_id=identity.id if identity else None,
+                store_created_ms=identity.created_ms if identity else None,
+            )
 
-        return self._run(body)
+        try:
+            return self._run(body)
+        except _Unrenewed as exc:
+            return exc.found
 
-    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
+    def _free(self, lease: Lease, horizon_ms: int | None) -> None:
         key = (lease.namespace, lease.worker_id, lease.owner)
-        if issued_ms is None:
+        if horizon_ms is None:
             self._run(lambda cur: cur.execute(self._release, key))
         else:
-            down = max(lease.floor_ms, issued_ms)
-            self._run(lambda cur: cur.execute(self._release_down, (down, *key)))
+            self._run(lambda cur: cur.execute(self._release_down, (horizon_ms, *key)))
 
-    def holders(self, namespace: str) -> list[WorkerInfo]:
+    def _rows(self, namespace: str) -> list[WorkerInfo]:
         def body(cur: Any) -> list[WorkerInfo]:
             cur.execute(self._reserved, (namespace,))
             reserved = {int(r[0]) for r in cur.fetchall()}

@@ -1,0 +1,447 @@
+"""The DataStax driver's Cluster and Session for one cassandra:// URL (`Connection`), shared by
+its engine's capabilities: connecting, the schema, prepared statements, lightweight transactions,
+Paxos reads, and driver errors mapped to StoreUnavailable (`Unsure`: a write whose outcome is
+unknown; `Contended`: a Paxos read that lost its rounds)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+from ..._errors import DriverMissing, InvalidArgument, StoreUnavailable
+from ..._fork import ForkAware, orphan
+from .._urls import scrub
+from .settings import Settings
+
+T = TypeVar("T")
+
+SCHEMA_TIMEOUT = 10.0  # seconds for DDL and schema agreement: done once per keyspace
+_UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 in the 100 ns units of a version-1 UUID
+_MISSING_SCHEMA = re.compile(r"unconfigured (columnfamily|table)|keyspace .*does not exist", re.I)
+# From the OS, not a seeded generator: a forked child would repeat its parent's sequence, and two
+# processes writing the same "new" version of a cell would each take the other's for its own.
+system_random = random.SystemRandom()
+
+
+@dataclass(frozen=True)
+class Driver:
+    """The parts of the DataStax driver used here (imported only when a store is opened)."""
+
+    cluster: Any  # cassandra.cluster
+    policies: Any  # cassandra.policies
+    query: Any  # cassandra.query
+    consistency: Any  # cassandra.ConsistencyLevel
+    auth: Any  # cassandra.auth.PlainTextAuthProvider
+    invalid_request: type[Exception]
+    write_timeout: type[Exception]
+    read_timeout: type[Exception]
+    timed_out: type[Exception]  # the driver's own deadline: OperationTimedOut
+    no_host: type[Exception]  # NoHostAvailable: every node the request could go to failed
+    cas_write_type: int
+    errors: tuple[type[BaseException], ...]  # every failure of the store, not of the caller
+
+
+def import_driver() -> Driver:
+    try:
+        import cassandra
+        import cassandra.auth
+        import cassandra.cluster
+        import cassandra.connection
+        import cassandra.policies
+        import cassandra.protocol
+        import cassandra.query
+    except ImportError:
+        raise DriverMissing(
+            "cassandra:// stores need the DataStax driver: pip install 'idmint[cassandra]'"
+        ) from None
+    except Exception as exc:  # DependencyException: no event loop it can use (libev, asyncore)
+        why = " ".join(str(exc).split())[:300]
+        raise DriverMissing(f"the DataStax driver for cassandra:// cannot load: {why}") from None
+    return Driver(
+        cluster=cassandra.cluster,
+        policies=cassandra.policies,
+        query=cassandra.query,
+        consistency=cassandra.ConsistencyLevel,
+        auth=cassandra.auth.PlainTextAuthProvider,
+        invalid_request=cassandra.InvalidRequest,
+        write_timeout=cassandra.WriteTimeout,
+        read_timeout=cassandra.ReadTimeout,
+        timed_out=cassandra.OperationTimedOut,
+        no_host=cassandra.cluster.NoHostAvailable,
+        cas_write_type=cassandra.WriteType.CAS,
+        errors=(
+            cassandra.DriverException,  # timeouts, Unavailable, refused requests
+            cassandra.cluster.NoHostAvailable,
+            cassandra.connection.ConnectionException,
+            cassandra.protocol.ErrorMessage,  # what the server answered with an error
+            OSError,
+        ),
+    )
+
+
+class Unsure(StoreUnavailable):
+    """A write the coordinator reported as timed out (WriteTimeout): it may have been applied,
+    or may be yet. The node answered, so a Paxos read can tell."""
+
+
+class Contended(StoreUnavailable):
+    """A Paxos read the coordinator reported as timed out (ReadTimeout): it lost its rounds to
+    other writers of the partition for cas_contention_timeout. Nothing was written, and the node
+    answered: asking again is safe, and is what contention calls for."""
+
+
+class Connection(ForkAware):
+    """The driver's Cluster and Session for one URL, shared by the engine's capabilities.
+
+    Connected on first use (the schema is made then if it is missing), made again after a fork
+    or after every capability closed it; thread-safe (the driver's Session is)."""
+
+    def __init__(
+        self, settings: Settings, url: str, display: str, timeout: float, driver: Driver
+    ) -> None:
+        self.settings = settings
+        self.display_url = display
+        self.timeout = timeout
+        self._url = url
+        self._driver = driver
+        ks = settings.keyspace
+        self.cells, self.leases, self.worker_ids, self.meta = (
+            f"{ks}.idmint_cells",
+            f"{ks}.idmint_leases",
+            f"{ks}.idmint_worker_ids",
+            f"{ks}.idmint_meta",
+        )
+        levels = driver.consistency
+        self.serial = getattr(levels, settings.serial)
+        self.consistency = getattr(levels, settings.consistency)
+        self.one = levels.ONE
+        self._lock = threading.Lock()
+        self._cluster: Any = None
+        self._session: Any = None
+        self._prepared: dict[tuple[str, int, int | None], Any] = {}
+        self._users = 0
+        self._failed_connects = 0
+        self._connect_error: StoreUnavailable | None = None
+        self._watch_fork()
+
+    def _after_fork(self) -> None:
+        # The driver's threads did not survive the fork, and its sockets are the parent's:
+        # leave them to the parent (and keep the child's exit from shutting them down).
+        cluster = self._cluster
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                self._driver.cluster._discard_cluster_shutdown(cluster)
+        orphan(cluster)
+        orphan(self._session)
+        self._cluster = self._session = None
+        self._prepared = {}
+        self._lock = threading.Lock()
+
+    # -- users ------------------------------------------------------------------------------------
+
+    def join(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def leave(self) -> None:
+        """One capability closed: the last one shuts the driver down."""
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            cluster, self._cluster, self._session = self._cluster, None, None
+            self._prepared = {}
+        if cluster is not None:
+            self._shut_down(cluster)
+
+    def _shut_down(self, cluster: Any) -> None:
+        """Cluster.shutdown joins the driver's threads, which may wait on a hung node
+        (connecting, say): waited for at most the timeout, the rest goes on in the background."""
+        closer = threading.Thread(target=cluster.shutdown, name="idmint-cassandra-close")
+        closer.daemon = True
+        closer.start()
+        closer.join(self.timeout)
+
+    # -- connecting -------------------------------------------------------------------------------
+
+    def _connected(self) -> Any:
+        self._check_fork()
+        seen = self._failed_connects
+        with self._lock:
+            if self._session is None:
+                if self._failed_connects != seen and self._connect_error is not None:
+                    # The attempt this thread waited for failed: so does this call, at once,
+                    # rather than each waiting thread taking its own timeout in turn.
+                    raise type(self._connect_error)(str(self._connect_error))
+                try:
+                    self._connect()
+                except self._driver.errors as exc:
+                    self._failed_connects += 1
+                    self._connect_error = self.error(exc)
+                    raise
+            return self._session
+
+    def _connect(self) -> None:
+        """Connect and make the schema if it is missing. Hold self._lock."""
+        d, s = self._driver, self.settings
+        policies = d.policies
+        profile = d.cluster.ExecutionProfile(
+            # Coordinators in the datacenter only: LOCAL_SERIAL is decided in the coordinator's
+            # datacenter, and another one's Paxos group would let two datacenters both win.
+            load_balancing_policy=policies.TokenAwarePolicy(
+                policies.DCAwareRoundRobinPolicy(local_dc=s.dc or "", used_hosts_per_remote_dc=0)
+            ),
+            # Errors come to us as they are: the driver's default policy retries some requests
+            # on another host, and, pinned to one host, wraps Unavailable in NoHostAvailable.
+            retry_policy=policies.FallthroughRetryPolicy(),
+            consistency_level=self.consistency,
+            serial_consistency_level=self.serial,
+            request_timeout=self.timeout,
+            row_factory=d.query.dict_factory,
+        )
+        auth = None
+        if s.username is not None:
+            auth = d.auth(username=s.username, password=s.password or "")
+        cluster = d.cluster.Cluster(
+            contact_points=list(s.hosts),
+            port=s.port,
+            protocol_version=s.protocol,
+            auth_provider=auth,
+            execution_profiles={d.cluster.EXEC_PROFILE_DEFAULT: profile},
+            connect_timeout=self.timeout,
+            control_connection_timeout=self.timeout,
+            max_schema_agreement_wait=SCHEMA_TIMEOUT,
+            # A node that comes back is found within 2 s, not the default's minutes.
+            reconnection_policy=policies.ExponentialReconnectionPolicy(0.2, 2.0, None),
+            # Preparing waits for one node, not for each in turn (a hung one would hold every
+            # first call up); a node that has not seen a statement asks for it once.
+            prepare_on_all_hosts=False,
+        )
+        try:
+            try:
+                session = cluster.connect()
+            except self._driver.errors:
+                # No node to connect to in `dc` fails here; the control connection has
+                # learnt every node's datacenter by then: say which ones there are.
+                self._check_datacenter(cluster)
+                raise
+            # What PREPARE waits for: 10 s otherwise, and with execution profiles the driver
+            # refuses to set it through its property.
+            session._default_timeout = self.timeout
+            self._check_datacenter(cluster)
+            self._make_schema(cluster, session, force=False)
+        except BaseException:
+            self._shut_down(cluster)
+            raise
+        self._cluster, self._session = cluster, session
+
+    def _check_datacenter(self, cluster: Any) -> None:
+        """Refuse a `dc` none of the cluster's nodes is in: no request may go to another
+        datacenter's coordinators in its place (the driver knows each node's datacenter)."""
+        dc = self.settings.dc
+        if dc is None:
+            return
+        seen: dict[str, list[str]] = {}
+        for host in cluster.metadata.all_hosts():
+            seen.setdefault(str(host.datacenter), []).append(str(host.address))
+        # A node whose datacenter the driver has not learnt yet (no control connection: the
+        # contact points are down or starting) could be in `dc`: that is a store not answering,
+        # which the caller reports, never a wrong datacenter.
+        if dc not in seen and "None" not in seen:
+            known = "; ".join(f"{name}: {', '.join(sorted(a))}" for name, a in sorted(seen.items()))
+            raise InvalidArgument(
+                f"store {self.display_url}: no node of the cluster is in datacenter {dc!r} "
+                f"(its nodes: {known}); name one of its datacenters"
+            )
+
+    def _make_schema(self, cluster: Any, session: Any, *, force: bool) -> None:
+        """CREATE ... IF NOT EXISTS the keyspace and tables, unless the driver's view of the
+        schema has them all; each waits for the nodes to agree on the schema."""
+        s = self.settings
+        keyspace = cluster.metadata.keyspaces.get(s.keyspace)
+        tables = ("idmint_cells", "idmint_leases", "idmint_worker_ids", "idmint_meta")
+        if not force and keyspace is not None and all(t in keyspace.tables for t in tables):
+            return
+        statements = [
+            f"CREATE KEYSPACE IF NOT EXISTS {s.keyspace} WITH replication = " + s.replication_cql(),
+            f"CREATE TABLE IF NOT EXISTS {self.cells} "
+            "(name text PRIMARY KEY, value text, version bigint)",
+            f"CREATE TABLE IF NOT EXISTS {self.leases} (namespace text, worker_id int, "
+            "owner text, host text, horizon bigint, reserved boolean, lease text, "
+            "PRIMARY KEY ((namespace, worker_id)))",
+            f"CREATE TABLE IF NOT EXISTS {self.worker_ids} "
+            "(namespace text, worker_id int, PRIMARY KEY (namespace, worker_id))",
+            f"CREATE TABLE IF NOT EXISTS {self.meta} "
+            "(name text PRIMARY KEY, id text, created_ms bigint)",
+        ]
+        for statement in statements:
+            answer = session.execute(statement, timeout=max(self.timeout, SCHEMA_TIMEOUT))
+            if not answer.response_future.is_schema_agreed:
+                raise StoreUnavailable(
+                    f"store {self.display_url} unavailable: the nodes did not agree on the "
+                    f"schema within {SCHEMA_TIMEOUT:g} s (a node down, or partitioned?)"
+                )
+
+    def init(self) -> None:
+        self.call(lambda session: None)
+
+    # -- statements -------------------------------------------------------------------------------
+
+    def _prepare(self, session: Any, cql: str, consistency: int, serial: int | None) -> Any:
+        key = (cql, consistency, serial)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = session.prepare(cql)
+            prepared.consistency_level = consistency
+            if serial is not None:
+                prepared.serial_consistency_level = serial
+            self._prepared[key] = prepared  # two threads may both prepare: either will do
+        return prepared
+
+    def call(self, body: Callable[[Any], T]) -> T:
+        """`body(session)`, driver errors mapped to StoreUnavailable; a keyspace or table
+        dropped behind our back is made again (a new identity with it) and the body rerun."""
+        for attempt in (1, 2):
+            session = None
+            try:
+                session = self._connected()
+                return body(session)
+            except self._driver.invalid_request as exc:
+                if attempt == 1 and _MISSING_SCHEMA.search(str(exc)):
+                    self._schema_lost()
+                    continue
+                self.fail(exc)
+            except self._driver.errors as exc:
+                if session is not None and isinstance(exc, self._driver.no_host):
+                    self._drop(session)
+                self.fail(exc)
+        raise AssertionError("unreachable")
+
+    def _drop(self, session: Any) -> None:
+        """Forget a session that has no node left to ask: the next call connects afresh, and so
+        finds a node the moment it is back (the driver would look again only on its
+        reconnection schedule). While every node is down a connection is refused at once."""
+        with self._lock:
+            if self._session is not session:
+                return  # another thread dropped it already
+            cluster, self._cluster, self._session = self._cluster, None, None
+            self._prepared = {}
+        closer = threading.Thread(target=cluster.shutdown, name="idmint-cassandra-close")
+        closer.daemon = True
+        closer.start()
+
+    def _schema_lost(self) -> None:
+        try:
+            with self._lock:
+                self._prepared = {}
+                if self._session is not None:
+                    self._make_schema(self._cluster, self._session, force=True)
+        except self._driver.errors as exc:
+            self.fail(exc)
+
+    def run(
+        self,
+        cql: str,
+        params: Iterable[Any],
+        *,
+        consistency: int | None = None,
+        serial: int | None = None,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Rows of one prepared statement (all pages)."""
+        level = self.consistency if consistency is None else consistency
+        wait = self.timeout if timeout is None else timeout
+
+        def body(session: Any) -> list[dict[str, Any]]:
+            prepared = self._prepare(session, cql, level, serial)
+            return list(session.execute(prepared, tuple(params), timeout=wait))
+
+        return self.call(body)
+
+    def serial_read(self, cql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """Rows of a Paxos read. One the coordinator answers as timed out (contended) is asked
+        again after a random pause, for at most the store's timeout in all: under many writers
+        of one partition a Paxos read can lose every round it tries, while the writes go on."""
+        deadline = time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.run(cql, params, consistency=self.serial, timeout=max(left, 0.05))
+            except Contended:
+                attempt += 1
+                if deadline - time.monotonic() < 0.1:
+                    raise
+                back_off(attempt)
+
+    def lwt(self, statements: list[tuple[str, tuple[Any, ...]]]) -> tuple[bool, dict[str, Any]]:
+        """A conditional statement (or batch of them, one partition): whether it was applied,
+        and the current values of the columns its conditions name when it was not."""
+
+        def body(session: Any) -> tuple[bool, dict[str, Any]]:
+            if len(statements) == 1:
+                cql, params = statements[0]
+                prepared = self._prepare(session, cql, self.consistency, self.serial)
+                answer = session.execute(prepared, params, timeout=self.timeout)
+            else:
+                batch = self._driver.query.BatchStatement(
+                    consistency_level=self.consistency, serial_consistency_level=self.serial
+                )
+                for cql, params in statements:
+                    batch.add(self._prepare(session, cql, self.consistency, self.serial), params)
+                answer = session.execute(batch, timeout=self.timeout)
+            row: dict[str, Any] = answer.one() or {}
+            return bool(row.get("[applied]")), row
+
+        return self.call(body)
+
+    def clock_ms(self) -> int:
+        """The coordinator's clock (Unix ms), from `now()`: a version-1 UUID of its time (there
+        is no function for the time itself on every version: unixTimestampOf is gone in 5.0)."""
+        rows = self.run("SELECT now() FROM system.local", (), consistency=self.one)
+        return uuid_ms(rows[0]["now()"])
+
+    # -- errors -----------------------------------------------------------------------------------
+
+    def fail(self, exc: BaseException) -> NoReturn:
+        raise self.error(exc) from None
+
+    def error(self, exc: BaseException) -> StoreUnavailable:
+        """The StoreUnavailable (or Unsure, for a write the coordinator reported as timed out)
+        a driver error means."""
+        name = type(exc).__name__
+        text = " ".join(str(exc).split())[:400]
+        unsure = contended = False
+        if isinstance(exc, self._driver.read_timeout):
+            contended = getattr(exc, "consistency", None) == self.serial
+            if contended:
+                text = f"a Paxos read lost every round to other writers ({text})"
+        elif isinstance(exc, self._driver.write_timeout):
+            unsure = True
+            if getattr(exc, "write_type", None) == self._driver.cas_write_type:
+                text = f"a compare-and-set timed out in its Paxos round, outcome unknown ({text})"
+            else:
+                text = f"a write timed out; it may have been applied ({text})"
+        elif isinstance(exc, self._driver.timed_out):
+            # A write may have been applied too, but a node that did not answer would not
+            # answer the read that tells: the caller reads again later (within one timeout).
+            text = f"no answer within {self.timeout:g} s"
+        kind = Unsure if unsure else Contended if contended else StoreUnavailable
+        return kind(f"store {self.display_url} unavailable: {name}: {scrub(text, self._url)}")
+
+
+def uuid_ms(value: uuid.UUID) -> int:
+    return (value.time - _UUID_EPOCH) // 10_000
+
+
+def back_off(attempt: int) -> None:
+    """A random wait after a lost round, longer with each: writers that collided spread out
+    rather than collide again (every round on a namespace is one Paxos instance)."""
+    time.sleep(system_random.uniform(0, 0.002 * min(attempt + 1, 25)))
