@@ -14,23 +14,18 @@ server clock, or the host's own for an engine that lives on one host), never eac
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from urllib.parse import quote
 
-from ..._errors import LeaseLost, StoreUnavailable, WorkerInUse
-from ..._fork import private_random
-from ..base import CasStore, Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
-from ..leasing import choose_worker, holder_name
+from ..base import CasStore, Lease, StoreIdentity, WorkerInfo
+from ..lease_protocol import LOST, FencedLeases, Found, Request, Taken
 from .loop import Backoff, cas_update
 
-ATTEMPTS = 100  # acquire's rounds lost to other acquirers in a row before StoreUnavailable
-#: Renewals, releases and reservations change one cell only its holder writes: a lost swap
-#: means someone else took it (read again, and see) or an acquirer raced a reservation.
+#: Releases and reservations change one cell only its holder writes: a lost swap means an
+#: acquirer raced a reservation, or another holder took the id (read again, and see).
 ONE_CELL = Backoff()
-_jitter = private_random()
 
 
 @dataclass(frozen=True)
@@ -47,9 +42,62 @@ class Slot:
         return bool(self.owner) and self.expires_ms > now_ms
 
 
-class CasLeaseStore:
+@dataclass(frozen=True)
+class _Table:
+    """A namespace's cells as one read found them, and the store's clock then."""
+
+    slots: dict[int, tuple[Slot, int]]
+    now_ms: int
+
+    def _slot(self, worker_id: int) -> Slot:
+        return self.slots.get(worker_id, (Slot(), 0))[0]
+
+    def held(self, worker_id: int) -> bool:
+        return self._slot(worker_id).held_at(self.now_ms)
+
+    def reserved(self, worker_id: int) -> bool:
+        return self._slot(worker_id).static
+
+    def floor_ms(self, worker_id: int) -> int:
+        return self._slot(worker_id).horizon_ms
+
+    def holder(self, worker_id: int) -> tuple[str, float | None]:
+        slot = self._slot(worker_id)
+        return slot.host, (slot.expires_ms - self.now_ms) / 1000
+
+
+class _Acquisition:
+    """One acquire: read the namespace's cells, take one by a create or a swap."""
+
+    def __init__(self, store: CasLeaseStore, request: Request) -> None:
+        self._store, self._request = store, request
+        self._identity = store.identity()
+
+    def read(self) -> _Table:
+        return _Table(self._store._read(self._request.namespace), self._store._now_ms())
+
+    def take(self, table: _Table, worker_id: int, horizon_ms: int) -> Taken | None:
+        request = self._request
+        slot, version = table.slots.get(worker_id, (Slot(), None))
+        taken = Slot(
+            owner=request.owner,
+            host=request.host,
+            expires_ms=table.now_ms + round(request.ttl * 1000),
+            horizon_ms=max(slot.horizon_ms, horizon_ms),
+            static=slot.static or request.claim is not None,
+        )
+        if not self._store._write(request.namespace, worker_id, version, taken):
+            return None  # another writer changed the cell since the read
+        store = self._store
+        return Taken(
+            slot.horizon_ms, taken.horizon_ms, table.now_ms, store._clock_step, self._identity
+        )
+
+
+class CasLeaseStore(FencedLeases):
     """A LeaseStore (stores/base.py) on the cells of `cas`, expiry by `now_ms` (Unix ms, read
-    in steps of `clock_step` ms). Thread-safe when `cas` is."""
+    in steps of `clock_step` ms): the protocol of lease_protocol.py over one cell per worker
+    id. Thread-safe when `cas` is."""
 
     def __init__(self, cas: CasStore, now_ms: Callable[[], int], *, clock_step: int = 1) -> None:
         self.display_url = cas.display_url
@@ -59,25 +107,21 @@ class CasLeaseStore:
 
     # -- cells -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _prefix(namespace: str) -> str:
-        return f"worker/{quote(namespace, safe='')}/"
+    def _key(self, namespace: str, worker_id: int) -> str:
+        return f"worker/{quote(namespace, safe='')}/{worker_id}"
 
     def _read(self, namespace: str) -> dict[int, tuple[Slot, int]]:
         """The namespace's slots and their versions, by worker id."""
-        prefix = self._prefix(namespace)
+        prefix = self._key(namespace, 0)[:-1]
         slots = {}
         for key, _ in self._cas.scan(prefix):
-            read = self._cas.read(key)  # scan gives no versions: read each one that exists
-            if read is not None:
-                slots[int(key[len(prefix) :])] = (Slot(**json.loads(read[0])), read[1])
+            found = self._one(key)  # scan gives no versions: read each cell it found
+            if found is not None:
+                slots[int(key[len(prefix) :])] = found
         return slots
 
-    def _key(self, namespace: str, worker_id: int) -> str:
-        return f"{self._prefix(namespace)}{worker_id}"
-
-    def _one(self, namespace: str, worker_id: int) -> tuple[Slot, int] | None:
-        read = self._cas.read(self._key(namespace, worker_id))
+    def _one(self, key: str) -> tuple[Slot, int] | None:
+        read = self._cas.read(key)
         return None if read is None else (Slot(**json.loads(read[0])), read[1])
 
     def _write(self, namespace: str, worker_id: int, version: int | None, slot: Slot) -> bool:
@@ -87,101 +131,27 @@ class CasLeaseStore:
             return self._cas.create(key, value)
         return self._cas.swap(key, version, value)
 
-    # -- LeaseStore ------------------------------------------------------------------------
+    # -- the protocol's primitives -----------------------------------------------------------
 
-    def acquire(
-        self,
-        namespace: str,
-        *,
-        workers: int,
-        ttl: float,
-        horizon_ms: int,
-        now_ms: int | None = None,
-        worker_id: int | None = None,
-    ) -> Lease:
-        claim = None if worker_id is None else check_claim(worker_id, workers)
-        identity = self._cas.identity()
-        for attempt in range(ATTEMPTS):
-            slots, now = self._read(namespace), self._now_ms()
-            chosen = self._choose(namespace, workers, slots, now, now_ms, claim)
-            slot, version = slots.get(chosen, (Slot(), None))
-            taken = Slot(
-                owner=uuid.uuid4().hex,
-                host=holder_name(),
-                expires_ms=now + round(ttl * 1000),
-                horizon_ms=max(slot.horizon_ms, horizon_ms),
-                static=slot.static or claim is not None,
-            )
-            if self._write(namespace, chosen, version, taken):
-                return Lease(
-                    namespace,
-                    chosen,
-                    taken.owner,
-                    slot.horizon_ms,
-                    taken.horizon_ms,
-                    ttl,
-                    store_ms=now,
-                    store_ms_step=self._clock_step,
-                    store_id=_id(identity),
-                    store_created_ms=identity.created_ms if identity else None,
-                    static=claim is not None,
-                )
-            # Lost to another acquirer: a random pause, so the two do not collide again.
-            time.sleep(_jitter.uniform(0.0, min(0.004 * (attempt + 1), 0.05)))
-        raise StoreUnavailable(
-            f"store {self.display_url}: {ATTEMPTS} concurrent acquirers in a row took the "
-            "worker ids this one chose"
+    @contextmanager
+    def _acquiring(self, request: Request) -> Iterator[_Acquisition]:
+        yield _Acquisition(self, request)
+
+    def _refresh(self, lease: Lease, horizon_ms: int, expected_ms: int) -> Lease | Found:
+        found = self._one(self._key(lease.namespace, lease.worker_id))
+        if found is None or found[0].owner != lease.owner:
+            return LOST
+        slot, version = found
+        if slot.horizon_ms < lease.horizon_ms:
+            return Found(True, slot.horizon_ms)  # the store forgot: HorizonForgotten
+        now = self._now_ms()
+        renewed = replace(
+            slot,
+            expires_ms=now + round(lease.ttl * 1000),
+            horizon_ms=max(slot.horizon_ms, horizon_ms),
         )
-
-    def _choose(
-        self,
-        namespace: str,
-        workers: int,
-        slots: dict[int, tuple[Slot, int]],
-        now: int,
-        caller_ms: int | None,
-        claim: int | None,
-    ) -> int:
-        """The worker id to take: the static claim (WorkerInUse while held), or by the rule."""
-        if claim is not None:
-            held = slots.get(claim, (Slot(), 0))[0]
-            if held.held_at(now):
-                raise WorkerInUse(namespace, claim, held.host, (held.expires_ms - now) / 1000)
-            return claim
-
-        def free(w: int) -> bool:
-            slot = slots.get(w, (Slot(), 0))[0]
-            return not slot.static and not slot.held_at(now)
-
-        def floor(w: int) -> int:
-            return slots.get(w, (Slot(), 0))[0].horizon_ms
-
-        return choose_worker(
-            namespace, workers, (w for w in range(workers) if free(w)), floor, caller_ms
-        )
-
-    def renew(self, lease: Lease, horizon_ms: int) -> Lease:
-        now = 0
-
-        def attempt() -> tuple[int, str, Slot]:
-            nonlocal now
-            found = self._one(lease.namespace, lease.worker_id)
-            if found is None or found[0].owner != lease.owner:
-                raise LeaseLost(f"worker {lease.worker_id} of {lease.namespace!r} has a new owner")
-            slot, version = found
-            if slot.horizon_ms < lease.horizon_ms:
-                raise forgotten(lease, slot.horizon_ms)
-            now = self._now_ms()
-            renewed = replace(
-                slot,
-                expires_ms=now + round(lease.ttl * 1000),
-                horizon_ms=max(slot.horizon_ms, horizon_ms),
-            )
-            return version, _dump(renewed), renewed
-
-        renewed, _ = cas_update(
-            self._cas, self._key(lease.namespace, lease.worker_id), attempt, ONE_CELL, "renew"
-        )
+        if not self._write(lease.namespace, lease.worker_id, version, renewed):
+            return Found(True, slot.horizon_ms)  # changed since the read: read again
         return replace(
             lease,
             horizon_ms=renewed.horizon_ms,
@@ -190,22 +160,21 @@ class CasLeaseStore:
             store_id=_id(self._cas.identity()),
         )
 
-    def release(self, lease: Lease, issued_ms: int | None = None) -> None:
+    def _free(self, lease: Lease, horizon_ms: int | None) -> None:
+        key = self._key(lease.namespace, lease.worker_id)
+
         def attempt() -> tuple[int | None, str | None, None]:
-            found = self._one(lease.namespace, lease.worker_id)
+            found = self._one(key)
             if found is None or found[0].owner != lease.owner:
                 return None, None, None  # lost already: nothing of ours to free
-            slot, version = found
-            freed = replace(slot, owner="", expires_ms=0)
-            if issued_ms is not None:  # nobody else writes the horizon while we hold the id
-                freed = replace(freed, horizon_ms=max(lease.floor_ms, issued_ms))
-            return version, _dump(freed), None
+            freed = replace(found[0], owner="", expires_ms=0)
+            if horizon_ms is not None:
+                freed = replace(freed, horizon_ms=horizon_ms)
+            return found[1], _dump(freed), None
 
-        cas_update(
-            self._cas, self._key(lease.namespace, lease.worker_id), attempt, ONE_CELL, "release"
-        )
+        cas_update(self._cas, key, attempt, ONE_CELL, "release")
 
-    def holders(self, namespace: str) -> list[WorkerInfo]:
+    def _rows(self, namespace: str) -> list[WorkerInfo]:
         now = self._now_ms()
         return [
             WorkerInfo(
@@ -217,19 +186,19 @@ class CasLeaseStore:
                 slot.horizon_ms,
                 static=slot.static,
             )
-            for worker_id, (slot, _) in sorted(self._read(namespace).items())
+            for worker_id, (slot, _) in self._read(namespace).items()
         ]
 
     def unreserve(self, namespace: str, worker_id: int) -> bool:
+        key = self._key(namespace, worker_id)
+
         def attempt() -> tuple[int | None, str | None, bool]:
-            found = self._one(namespace, worker_id)
+            found = self._one(key)
             if found is None or not found[0].static:
                 return None, None, False
             return found[1], _dump(replace(found[0], static=False)), True
 
-        done, _ = cas_update(
-            self._cas, self._key(namespace, worker_id), attempt, ONE_CELL, "unreserve"
-        )
+        done, _ = cas_update(self._cas, key, attempt, ONE_CELL, "unreserve")
         return done
 
     def identity(self) -> StoreIdentity | None:
