@@ -79,10 +79,6 @@ def schemes() -> tuple[str, ...]:
     return tuple(s for row in ENGINES for s in row.schemes)
 
 
-def engine_names() -> tuple[str, ...]:
-    return tuple(row.kind for row in ENGINES)
-
-
 def engines_with(capability: str) -> tuple[str, ...]:
     return tuple(row.kind for row in ENGINES if capability in row.capabilities)
 

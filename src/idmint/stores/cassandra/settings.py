@@ -84,6 +84,25 @@ def parse_url(url: str, display: str) -> Settings:
             "at most 48"
         )
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    serial, consistency, dc, protocol = _parameters(query, bad)
+    return Settings(
+        hosts=tuple(hosts),
+        port=port,
+        keyspace=keyspace,
+        serial=serial,
+        consistency=consistency,
+        dc=dc,
+        replication=_replication(query.get("replication", "1"), bad),
+        protocol=int(protocol),
+        username=username,
+        password=password,
+    )
+
+
+def _parameters(
+    query: dict[str, str], bad: Callable[[str], InvalidArgument]
+) -> tuple[str, str, str | None, str]:
+    """The URL's serial and consistency levels, datacenter and protocol version, checked."""
     known = {"serial", "consistency", "dc", "replication", "protocol"}
     unknown = set(query) - known
     if unknown:
@@ -103,18 +122,7 @@ def parse_url(url: str, display: str) -> Settings:
     protocol = query.get("protocol", "3")
     if protocol not in {str(p) for p in PROTOCOLS}:
         raise bad(f"protocol must be 3, 4 or 5, not {protocol!r}")
-    return Settings(
-        hosts=tuple(hosts),
-        port=port,
-        keyspace=keyspace,
-        serial=serial,
-        consistency=consistency,
-        dc=dc,
-        replication=_replication(query.get("replication", "1"), bad),
-        protocol=int(protocol),
-        username=username,
-        password=password,
-    )
+    return serial, consistency, dc, protocol
 
 
 def _hosts_and_ports(
