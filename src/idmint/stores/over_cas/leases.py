@@ -44,13 +44,14 @@ class Slot:
 
 @dataclass(frozen=True)
 class _Table:
-    """A namespace's cells as one read found them, and the store's clock then."""
+    """A namespace's cells as one scan found them (each slot with its cell's text), and the
+    store's clock then."""
 
-    slots: dict[int, tuple[Slot, int]]
+    slots: dict[int, tuple[Slot, str]]
     now_ms: int
 
     def _slot(self, worker_id: int) -> Slot:
-        return self.slots.get(worker_id, (Slot(), 0))[0]
+        return self.slots.get(worker_id, (Slot(), ""))[0]
 
     def held(self, worker_id: int) -> bool:
         return self._slot(worker_id).held_at(self.now_ms)
@@ -67,7 +68,7 @@ class _Table:
 
 
 class _Acquisition:
-    """One acquire: read the namespace's cells, take one by a create or a swap."""
+    """One acquire: scan the namespace's cells, take one by a create or a swap."""
 
     def __init__(self, store: CasLeaseStore, request: Request) -> None:
         self._store, self._request = store, request
@@ -77,8 +78,16 @@ class _Acquisition:
         return _Table(self._store._read(self._request.namespace), self._store._now_ms())
 
     def take(self, table: _Table, worker_id: int, horizon_ms: int) -> Taken | None:
-        request = self._request
-        slot, version = table.slots.get(worker_id, (Slot(), None))
+        request, store = self._request, self._store
+        slot, scanned = table.slots.get(worker_id, (Slot(), None))
+        version = None
+        if scanned is not None:
+            # A scan gives no versions: read the chosen cell's, and take it only while it is
+            # still what the choice was made on (else another writer came first).
+            read = store._cas.read(store._key(request.namespace, worker_id))
+            if read is None or read[0] != scanned:
+                return None
+            version = read[1]
         taken = Slot(
             owner=request.owner,
             host=request.host,
@@ -86,9 +95,8 @@ class _Acquisition:
             horizon_ms=max(slot.horizon_ms, horizon_ms),
             static=slot.static or request.claim is not None,
         )
-        if not self._store._write(request.namespace, worker_id, version, taken):
+        if not store._write(request.namespace, worker_id, version, taken):
             return None  # another writer changed the cell since the read
-        store = self._store
         return Taken(
             slot.horizon_ms, taken.horizon_ms, table.now_ms, store._clock_step, self._identity
         )
@@ -110,15 +118,13 @@ class CasLeaseStore(FencedLeases):
     def _key(self, namespace: str, worker_id: int) -> str:
         return f"worker/{quote(namespace, safe='')}/{worker_id}"
 
-    def _read(self, namespace: str) -> dict[int, tuple[Slot, int]]:
-        """The namespace's slots and their versions, by worker id."""
+    def _read(self, namespace: str) -> dict[int, tuple[Slot, str]]:
+        """The namespace's slots, each with its cell's text, by worker id: one scan."""
         prefix = self._key(namespace, 0)[:-1]
-        slots = {}
-        for key, _ in self._cas.scan(prefix):
-            found = self._one(key)  # scan gives no versions: read each cell it found
-            if found is not None:
-                slots[int(key[len(prefix) :])] = found
-        return slots
+        return {
+            int(key[len(prefix) :]): (Slot(**json.loads(value)), value)
+            for key, value in self._cas.scan(prefix)
+        }
 
     def _one(self, key: str) -> tuple[Slot, int] | None:
         read = self._cas.read(key)

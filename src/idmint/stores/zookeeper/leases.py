@@ -350,7 +350,7 @@ class ZooKeeperLeaseStore(ForkAware, FencedLeases):
                         self._lower_horizon(held.session, horizon_path, lease.owner, horizon_ms)
                     held.session.delete(lease_path)
             except (self._kz.no_node, SessionGone):
-                pass
+                pass  # the node or the session is gone already: nothing of ours to free
             finally:
                 held.session.stop()  # ends the session, so the node goes even if delete failed
 
