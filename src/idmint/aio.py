@@ -60,7 +60,7 @@ async def draw(
             if left <= 0 or not (await asyncio.wait({refilled}, timeout=left))[0]:
                 raise StoreUnavailable(
                     f"no ids buffered for key {gen.key!r} and the store gave no range "
-                    f"within {wait:g} s"
+                    f"within {wait:g} s ({gen.display_url})"
                 )
             if per_range:  # a load ended: the wait for the next range starts afresh
                 deadline = loop.time() + wait

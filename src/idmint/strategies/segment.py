@@ -291,6 +291,11 @@ class SegmentGenerator(SegmentRefills):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def display_url(self) -> str:
+        """The store's URL as messages show it (secrets redacted)."""
+        return self._store.display_url
+
     def cold(self) -> bool:
         """No range served yet and a refill under way: still loading its first range, or its
         refills failing. Read without the lock."""
