@@ -27,7 +27,7 @@ import threading
 import time
 
 from idmint import QuorumOptions, open_quorum
-from idmint.strategies.quorum import split_nodes
+from idmint.strategies.quorum_nodes import split_nodes
 
 from dc_worker import Log, record
 

@@ -16,7 +16,7 @@ import pytest
 from idmint import IdmintError, Range, ReservationSizing, StoreUnavailable
 from idmint.stores import open_engine
 from idmint.stores.base import CasStore, StoreIdentity
-from idmint.stores.memory.cas import MemoryCasStore
+from idmint.stores.memory import MemoryCasStore
 from idmint.stores.over_cas.ranges import CasRangeStore
 from idmint.strategies.datacenter import DatacenterRanges
 

@@ -26,9 +26,10 @@ from idmint import (
 )
 from idmint.stores import open_engine
 from idmint.stores.base import CasStore
-from idmint.stores.memory.cas import MemoryCasStore
-from idmint.strategies.datacenter import GlobalRow, global_cell
-from idmint.strategies.segment import SegmentGenerator, SegmentOptions
+from idmint.stores.memory import MemoryCasStore
+from idmint.strategies.datacenter_cells import GlobalRow, global_cell
+from idmint.strategies.refills import SegmentOptions
+from idmint.strategies.segment import SegmentGenerator
 
 from checks import assert_disjoint, assert_unique, assert_within
 from servers import wait_until

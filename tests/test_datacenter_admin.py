@@ -15,8 +15,8 @@ import pytest
 import idmint
 from idmint import DatacenterRanges, InvalidArgument, ReservationSizing
 from idmint.stores.base import CasStore, StoreIdentity
-from idmint.stores.memory.cas import MemoryCasStore
-from idmint.strategies.datacenter import global_cell
+from idmint.stores.memory import MemoryCasStore
+from idmint.strategies.datacenter_cells import global_cell
 
 from checks import assert_unique
 

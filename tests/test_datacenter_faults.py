@@ -26,13 +26,8 @@ from idmint import InvalidArgument, KeyExists, Range, ReservationSizing, StoreUn
 from idmint.stores import open_engine
 from idmint.stores.base import CasStore
 from idmint.stores.engine import Engine
-from idmint.strategies.datacenter import (
-    DatacenterRanges,
-    GlobalRow,
-    LocalRow,
-    global_cell,
-    local_cell,
-)
+from idmint.strategies.datacenter import DatacenterRanges
+from idmint.strategies.datacenter_cells import GlobalRow, LocalRow, global_cell, local_cell
 
 from checks import works
 from datacenters import (

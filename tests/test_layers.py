@@ -23,8 +23,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: The engines of stores/: each is one folder (stores/redis/, stores/etcd/, ...) whose modules
-#: may import each other. The SQL engines share stores/sql/ (schema, connection, ranges, cas,
-#: leases, quorum: shared code), and each dialect module there (sql/sqlite.py, sql/postgres.py,
+#: may import each other. The SQL engines share stores/sql/ (connection, ranges, cells,
+#: leases: shared code), and each dialect module there (sql/sqlite.py, sql/postgres.py,
 #: sql/mysql.py) is an engine of its own. Every other module of stores/ is shared: base.py (the
 #: contracts), engine.py, over_cas/ (code over any CasStore), leasing.py, fences.py,
 #: replication.py, static.py, _urls.py, ...
@@ -177,7 +177,6 @@ def test_engines_strategies_and_the_top_layers_keep_their_places() -> None:
     assert [m for m in graph if engine_of(m) == "redis"] == [
         "idmint.stores.redis",
         "idmint.stores.redis.cas",
-        "idmint.stores.redis.client",
         "idmint.stores.redis.failover",
         "idmint.stores.redis.leases",
         "idmint.stores.redis.quorum",

@@ -15,7 +15,7 @@ from idmint import LeaseLost, WorkerInUse, WorkersExhausted
 from idmint.stores import open_lease_store
 from idmint.stores.base import Lease, LeaseStore
 from idmint.stores.lease_protocol import FencedLeases, Request, Taken
-from idmint.stores.memory.leases import MemoryLeaseStore, _Slot
+from idmint.stores.memory import MemoryLeaseStore, _Slot
 
 from checks import run_threads
 

@@ -20,7 +20,7 @@ from idmint import WorkersExhausted
 from idmint.stores import open_lease_store
 from idmint.stores.base import LeaseStore
 from idmint.stores.leasing import HOLDER_NAME_MAX, choose_worker, holder_name
-from idmint.stores.memory.leases import MemoryLeaseStore, _Slot
+from idmint.stores.memory import MemoryLeaseStore, _Slot
 
 # What a worker id's record is: none yet, released or expired (with a horizon), leased now, or
 # reserved for a static holder that is not running.

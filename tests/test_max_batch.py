@@ -12,11 +12,10 @@ import pytest
 import idmint
 from idmint import InvalidArgument, KeyNotFound
 from idmint.stores import redact
-from idmint.stores.sql import schema as sql_schema
-from idmint.stores.sql.connection import SqlConnection
+from idmint.stores.sql import connection as sql_schema
+from idmint.stores.sql.connection import TABLE, Dialect, SqlConnection
 from idmint.stores.sql.mysql import mysql_dialect
 from idmint.stores.sql.postgres import postgres_dialect
-from idmint.stores.sql.schema import TABLE, Dialect
 from idmint.stores.sql.sqlite import sqlite_dialect
 
 from checks import run_threads

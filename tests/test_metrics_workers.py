@@ -21,7 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import idmint
-from idmint.server.metrics import Exporter, Sources
+from idmint.server.metrics import Exporter
+from idmint.server.metrics_sources import Sources
 
 from http_server import ServerProcess
 from servers import free_port

@@ -2,8 +2,9 @@
 rules` and their unit tests (alerts_test.yml) pass `promtool test rules`, which fails a wrong
 expectation; every alert has a case where it fires and one where it does not; every metric an
 alert, a test series or a dashboard panel reads is one idmint exports (names taken from
-idmint.server.metrics, so a renamed metric fails here); every runbook link lands on a section of
-docs/monitoring.md. promtool missing is a failure, never a skip: CI installs it (.ci/install)."""
+idmint.server.metrics_sources, so a renamed metric fails here); every runbook link lands on a
+section of docs/monitoring.md. promtool missing is a failure, never a skip: CI installs it
+(.ci/install)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import yaml
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
-from idmint.server.metrics import COUNTER, SPECS
+from idmint.server.metrics_sources import COUNTER, SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"

@@ -33,7 +33,7 @@ from idmint import (
 from idmint.cli import main as cli_main
 from idmint.server import App, ServerConfig
 from idmint.stores import open_engine
-from idmint.strategies.quorum import QuorumNodeSet, split_nodes
+from idmint.strategies.quorum_nodes import QuorumNodeSet, split_nodes
 
 from checks import run_threads
 from harness import Op, duplicates, real_time_violations

@@ -20,7 +20,7 @@ from idmint import (
     StoreUnavailable,
 )
 from idmint.ids import UINT31_MAX
-from idmint.stores.memory.cas import MemoryRangeStore
+from idmint.stores.memory import MemoryRangeStore
 
 from checks import assert_increasing, assert_unique, assert_within, run_threads
 from faulty import FaultyStore

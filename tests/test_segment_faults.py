@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from idmint import Closed, Exhausted, SegmentGenerator, SegmentOptions, StoreUnavailable
-from idmint.stores.memory.cas import MemoryRangeStore
+from idmint.stores.memory import MemoryRangeStore
 
 from checks import assert_within
 from faulty import FaultyStore

@@ -15,7 +15,7 @@ from idmint import ClockMovedBackwards, LeaseLost, WorkerInUse, WorkersExhausted
 from idmint.layout import JS53, LAYOUTS, SONYFLAKE, TWITTER, Layout
 from idmint.stores import open_lease_store
 from idmint.stores.base import LeaseStore
-from idmint.stores.memory.leases import MemoryLeaseStore
+from idmint.stores.memory import MemoryLeaseStore
 from idmint.stores.static import StaticLeaseStore
 from idmint.strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 

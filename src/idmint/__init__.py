@@ -38,9 +38,12 @@ from .ids import ID_MAX, UINT31_MAX, Key, Range
 from .keyspace import QuorumKey
 from .layout import Decoded, Layout
 from .stores import DEFAULT_STORE_URL, RangeStore, open_store
-from .strategies.datacenter import DatacenterRanges, DatacenterStatus, ReservationSizing
-from .strategies.quorum import QuorumGenerator, QuorumOptions, QuorumStats
-from .strategies.segment import SegmentGenerator, SegmentOptions, SegmentStats
+from .strategies.datacenter import DatacenterRanges
+from .strategies.datacenter_cells import DatacenterStatus, ReservationSizing
+from .strategies.quorum import QuorumGenerator
+from .strategies.quorum_nodes import QuorumOptions, QuorumStats
+from .strategies.refills import SegmentOptions
+from .strategies.segment import SegmentGenerator, SegmentStats
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 
 __version__ = "0.1.0"

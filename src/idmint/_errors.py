@@ -149,10 +149,9 @@ class CounterWentBack(StoreUnavailable):
 
 
 class RunwaySpent(StoreUnavailable):
-    """A datacenter handed out its whole reservation of a key (and the range it preloaded)
-    and could not get another from the global store: it is cut off (a partition) or the
-    global store is down. Transient: the datacenter serves again once the global store
-    answers."""
+    """A datacenter handed out its whole reservation of a key (and the range it preloaded) and
+    could not get another from the global store: it is cut off (a partition) or the global store
+    is down. Transient: the datacenter serves again once the global store answers."""
 
     def __init__(self, key: str, dc: str, reason: str) -> None:
         super().__init__(

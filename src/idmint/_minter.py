@@ -28,17 +28,14 @@ from .stores.base import LeaseStore, RangeStore, StoreIdentity
 from .stores.engine import Engine
 from .stores.replication import ReplicationState
 from .stores.static import StateFileLeases, StaticLeaseStore
-from .strategies.datacenter import DatacenterRanges, ReservationSizing, check_dc_name
-from .strategies.quorum import (
-    QuorumGenerator,
-    QuorumNodeSet,
-    QuorumOptions,
-    check_nodes,
-    checked_quorum,
-)
-from .strategies.segment import SegmentGenerator, SegmentOptions
+from .strategies.datacenter import DatacenterRanges
+from .strategies.datacenter_cells import ReservationSizing, check_dc_name
+from .strategies.quorum import QuorumGenerator, checked_quorum
+from .strategies.quorum_nodes import QuorumNodeSet, QuorumOptions, check_nodes
+from .strategies.refills import SegmentOptions
+from .strategies.refills import allocate_any as allocate_any  # the server imports it from here
+from .strategies.segment import SegmentGenerator
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
-from .strategies.stripes import allocate_any as allocate_any  # the server imports it from here
 
 log = logging.getLogger("idmint")
 
@@ -346,10 +343,9 @@ class Minter(ForkAware):
         description: str = "",
         exist_ok: bool = False,
     ) -> QuorumKey:
-        """Make quorum key `name`, whose ids run from `start` to `max`, in this store (its
-        counters live on the nodes it is served from: see quorum()). Raises KeyExists (with
-        `exist_ok`, only when it exists with other bounds), NameTaken if the name is a key of
-        another kind."""
+        """Make quorum key `name`, whose ids run from `start` to `max`, in this store (its counters
+        live on the nodes it is served from: see quorum()). Raises KeyExists (with `exist_ok`,
+        only when it exists with other bounds), NameTaken if the name is a key of another kind."""
         check_key_name(name)
         check_key_bounds(1, start, max)
         if len(description) > 256:
@@ -404,8 +400,7 @@ class Minter(ForkAware):
             return made
 
     def _node_set(self, nodes: list[str], options: QuorumOptions) -> QuorumNodeSet:
-        """The shared node set of `nodes` (opened on first use; the caller holds
-        _quorum_lock)."""
+        """The shared node set of `nodes` (opened on first use; the caller holds _quorum_lock)."""
         if isinstance(nodes, str):
             raise InvalidArgument("nodes is a list of store URLs, not one string")
         index = (tuple(nodes), options.unsafe, options.recheck)

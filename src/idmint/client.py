@@ -39,7 +39,8 @@ from ._fork import ForkAware, orphan
 from .aio import AsyncSegment as AsyncSegment  # it lived here: re-exported for old imports
 from .ids import Allocation, Key, Range, check_count, check_key_name, is_digits
 from .stores.base import STORE_HEADER, StoreIdentity
-from .strategies.segment import SegmentGenerator, SegmentOptions
+from .strategies.refills import SegmentOptions
+from .strategies.segment import SegmentGenerator
 
 DEFAULT_TIMEOUT = 2.0
 

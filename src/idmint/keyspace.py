@@ -26,10 +26,9 @@ from .stores.base import CasStore, RangeStore, StoreIdentity
 SEGMENT = "segment"
 DATACENTER = "datacenter"
 QUORUM = "quorum"
-KINDS = (SEGMENT, DATACENTER, QUORUM)
 
 CLAIM_PREFIX = "kind/"
-#: Where a datacenter key's global cell lives (strategies/datacenter.py's global_cell).
+#: Where a datacenter key's global cell lives (strategies/datacenter_cells.py's global_cell).
 _DATACENTER_CELL = "dc/"
 
 
@@ -59,8 +58,7 @@ def how_to_make(name: str, kind: str) -> str:
 
 @dataclass(frozen=True)
 class QuorumKey:
-    """A quorum key as an admin made it: the bounds of its ids (its counters are on its
-    nodes)."""
+    """A quorum key as an admin made it: the bounds of its ids (its counters are on its nodes)."""
 
     name: str
     start: int

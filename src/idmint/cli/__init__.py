@@ -4,8 +4,8 @@ Errors print one line on stderr, never a traceback. Exit codes: 0 done, 1 the st
 key is exhausted (try again later, or look at the store), 2 bad input (a usage error, a bad URL,
 an unknown key, a bad count).
 
-One module per command group; the options several commands share are declared once, in
-options.py, and `serve`'s are built from ServerConfig's fields.
+One module per command group; root.py has the group and what every command shares (the store,
+printing), options.py the options several take (`serve`'s built from ServerConfig's fields).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from .._errors import IdmintError, InvalidArgument, KeyExists, KeyNotFound
-from . import datacenter, keys, next_ids, quorum, serve, snowflake
+from . import datacenter, keys, next_ids, serve, snowflake
 from .root import cli
 
 __all__ = ["cli", "main"]
@@ -36,7 +36,7 @@ for _command in (
     snowflake.snowflake,
     snowflake.decode,
     snowflake.workers,
-    quorum.quorum_group,
+    keys.quorum_group,
     datacenter.dc_group,
 ):
     cli.add_command(_command)

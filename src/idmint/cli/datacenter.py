@@ -9,8 +9,7 @@ import click
 
 from .._errors import KeyExists, NameTaken, StoreUnavailable
 from ..ids import UINT31_MAX
-from ..strategies.datacenter import ReservationSizing
-from .minter import open_minter
+from ..strategies.datacenter_cells import ReservationSizing
 from .options import (
     Duration,
     Finite,
@@ -24,7 +23,7 @@ from .options import (
     step_option,
     store_options,
 )
-from .show import describe_key, print_table
+from .root import describe_key, open_minter, print_table
 
 #: How reservations are sized (ReservationSizing's fields): `dc add` and `dc set` take them,
 #: each None unless given, so the key's (or the default) setting stays.
@@ -58,6 +57,9 @@ _sizing_options = stacked(
         help="The rate is measured over the last one or two of these [default: 1h].",
     ),
 )
+
+#: Key NAME and datacenter --dc: what `dc retire`, `dc reopen` and `dc reset` act on.
+_named_dc = stacked(store_options, click.argument("name"), dc_options(required=True))
 
 
 def _given(options: dict[str, Any]) -> dict[str, Any]:
@@ -208,9 +210,7 @@ def dc_status(
 
 
 @dc_group.command("retire")
-@store_options
-@click.argument("name")
-@dc_options(required=True)
+@_named_dc
 @click.pass_context
 def dc_retire(ctx: click.Context, name: str, dc: str, dc_store: str | None) -> None:
     """Stop datacenter --dc taking ids of NAME and give its unused ones back to the key."""
@@ -221,9 +221,7 @@ def dc_retire(ctx: click.Context, name: str, dc: str, dc_store: str | None) -> N
 
 
 @dc_group.command("reopen")
-@store_options
-@click.argument("name")
-@dc_options(required=True)
+@_named_dc
 @click.pass_context
 def dc_reopen(ctx: click.Context, name: str, dc: str, dc_store: str | None) -> None:
     """Let a retired datacenter take ids of NAME again (from a new reservation)."""
@@ -233,9 +231,7 @@ def dc_reopen(ctx: click.Context, name: str, dc: str, dc_store: str | None) -> N
 
 
 @dc_group.command("reset")
-@store_options
-@click.argument("name")
-@dc_options(required=True)
+@_named_dc
 @click.option(
     "--yes",
     is_flag=True,

@@ -1,4 +1,5 @@
-"""`idmint keys`: add, list, show, raise, retire and set segment keys."""
+"""`idmint keys`: add, list, show, raise, retire and set segment keys; `idmint quorum`: quorum
+keys' names and bounds, kept in the store."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import click
 
 from .._errors import KeyExists, NameTaken
 from ..ids import ID_MAX, MAX_STRIPES, UINT31_MAX, Key
-from .minter import open_minter
 from .options import (
     description_option,
     exist_ok_option,
+    given_params,
     json_option,
     max_batch_option,
     max_option,
@@ -19,7 +20,7 @@ from .options import (
     step_option,
     store_options,
 )
-from .show import describe_key, print_table, when
+from .root import describe_key, open_minter, print_table, when
 
 
 @click.group()
@@ -75,11 +76,7 @@ def keys_add(
             if not exist_ok or isinstance(exc, NameTaken):  # another kind's name: never fine
                 raise
             key = minter.key(name)
-            given = {
-                name
-                for name in ("step", "stripes")
-                if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
-            }
+            given = given_params(ctx, "step", "stripes")
             differs = _differences(
                 key,
                 step if "step" in given else None,
@@ -211,3 +208,46 @@ def keys_set(ctx: click.Context, name: str, max_batch: int) -> None:
         key = minter.set_max_batch(name, max_batch)
     rule = "set" if key.max_batch else "the default, the step x 100"
     click.echo(f"{key.name}: at most {key.batch_cap} ids per HTTP request ({rule})")
+
+
+@click.group("quorum")
+def quorum_group() -> None:
+    """Quorum keys: ids strictly increasing across every caller, from a majority of nodes.
+
+    The store (--store) keeps each key's name and bounds, so that a name is one key of one
+    kind; the key's counters live on the nodes it is served from (--quorum URLS)."""
+
+
+@quorum_group.command("add")
+@store_options
+@click.argument("name")
+@start_option()
+@max_option(
+    default=ID_MAX, help=f"The largest id; {UINT31_MAX} for a 32-bit key [default: {ID_MAX}]."
+)
+@description_option()
+@exist_ok_option(help="The same key already there (same bounds) is not an error.")
+@click.pass_context
+def quorum_add(
+    ctx: click.Context, name: str, start: int, max_: int, description: str, exist_ok: bool
+) -> None:
+    """Create quorum key NAME (its name and bounds, in the store)."""
+    with open_minter(ctx, create=True) as minter:
+        key = minter.add_quorum_key(
+            name, start=start, max=max_, description=description, exist_ok=exist_ok
+        )
+    click.echo(f"quorum key {key.name}: ids {key.start}..{key.max}")
+
+
+@quorum_group.command("list")
+@store_options
+@json_option()
+@click.pass_context
+def quorum_list(ctx: click.Context, as_json: bool) -> None:
+    """List every quorum key."""
+    with open_minter(ctx) as minter:
+        found = minter.quorum_keys()
+    for key in found:
+        click.echo(
+            json.dumps(key.as_dict()) if as_json else f"{key.name}  ids {key.start}..{key.max}"
+        )

@@ -9,9 +9,9 @@ import click
 from .._errors import Exhausted, IdmintError
 from .._minter import Minter
 from ..ids import Range, check_count
-from ..strategies.quorum import QuorumOptions, split_nodes
-from .minter import open_minter
+from ..strategies.quorum_nodes import QuorumOptions, split_nodes
 from .options import MAX_COUNT, count_option, dc_options, quorum_options, store_options
+from .root import open_minter
 
 #: Ids printed per write: the memory of `next` stays small whatever -n is.
 PRINT_CHUNK = 10_000

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import click
+from click.core import ParameterSource
 
 from ..ids import BATCH_CAP_MAX, DEFAULT_FIRST_ID, DEFAULT_STEP
 from ..server.config import FLAGS, env_variable
@@ -27,9 +28,8 @@ MAX_COUNT = 1_000_000
 
 
 class Finite(click.ParamType[float]):
-    """A finite number, within [low, high] when given. click's FloatRange lets NaN through
-    (every comparison with NaN is false) and float takes "inf": both broke later, with a
-    traceback."""
+    """A finite number, within [low, high] when given. click's FloatRange lets NaN through (every
+    comparison with NaN is false) and float takes "inf": both broke later, with a traceback."""
 
     name = "number"
 
@@ -104,6 +104,11 @@ layout_option = _shared(
     "--layout", default="twitter", show_default=True, help="twitter, sonyflake or js53."
 )
 namespace_option = _shared("--namespace", default="default", show_default=True)
+
+
+def given_params(ctx: click.Context, *names: str) -> set[str]:
+    """Which of these parameters the command line (or the environment) gave: no defaults."""
+    return {n for n in names if ctx.get_parameter_source(n) is not ParameterSource.DEFAULT}
 
 
 def _override(ctx: click.Context, param: click.Parameter, value: object) -> None:

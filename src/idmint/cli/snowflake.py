@@ -12,7 +12,6 @@ from .._errors import InvalidArgument
 from ..ids import check_count, is_digits
 from ..layout import layout_named
 from ..strategies.snowflake import SnowflakeOptions
-from .minter import open_minter
 from .options import (
     MAX_COUNT,
     count_option,
@@ -21,7 +20,7 @@ from .options import (
     namespace_option,
     store_options,
 )
-from .show import iso
+from .root import iso, open_minter
 
 
 @click.command()

@@ -4,10 +4,8 @@ is declared once in ROUTES, its body's fields with their types and limits."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import replace
 
-from .._minter import Minter
 from ..ids import BATCH_CAP_MAX, DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, MAX_STRIPES
 from .http import Response, json_response
 from .openapi import E400, E401, E403, E404, E409, E413, E503, json_ok
@@ -15,9 +13,9 @@ from .pools import Pool
 from .routes import ADMIN, KEY, KEY_PATTERN, STR, Body, Call, Param, Route, body_int, path_key
 from .service import IdService
 
-#: The largest `max` of a key made over HTTP: what a key with the most stripes may have, which
-#: /openapi.json can state for every request (a key's bound depends on its stripes). Leaving
-#: max out gives the key the highest it may have.
+#: The largest `max` of a key made over HTTP: a key with n stripes may go up to ID_MAX + 1 - n
+#: (each stripe's counter must fit a BIGINT), which a schema cannot say per request; this bound
+#: holds for every number of stripes. Leaving max out gives the key the highest it may have.
 HTTP_KEY_MAX = ID_MAX + 1 - MAX_STRIPES
 
 KEY_REF = {"$ref": "#/components/schemas/Key"}
@@ -42,9 +40,6 @@ NEW_KEY = Body(
         ),
         body_int("step", 1, ID_MAX, default=DEFAULT_STEP),
         body_int("start", 0, ID_MAX, default=DEFAULT_FIRST_ID),
-        # A key with n stripes may go up to ID_MAX + 1 - n (each stripe's counter must fit a
-        # BIGINT), which a schema cannot say per request: this bound holds for every number
-        # of stripes. Leave max out for the highest the key may have.
         body_int(
             "max",
             0,
@@ -144,9 +139,9 @@ ROUTES = (
 class AdminRoutes:
     """The handlers of ROUTES: store calls on the admin pool, within the store's deadline."""
 
-    def __init__(self, service: IdService, minter: Callable[[], Minter], pool: Pool) -> None:
+    def __init__(self, service: IdService, pool: Pool) -> None:
         self.service = service
-        self._minter = minter
+        self._minter = service.minter
         self.pool = pool
 
     async def list_keys(self, call: Call) -> Response:
@@ -179,7 +174,6 @@ class AdminRoutes:
                 name,
                 step=body["step"],
                 start=body["start"],
-                # No max: the highest a key with that many stripes may have (Minter.add_key).
                 max=body["max"],
                 description=body["description"],
                 max_batch=body["max_batch"],

@@ -5,10 +5,8 @@ and Leaf's (id_routes.py), key admin (admin.py), the probes and reports (probes.
 tinyid's and CosId's (dropin.py). This module binds them to their handlers, routes each
 request, checks its access and turns every error into a status and a one-line reason.
 
-The id routes call the generator's non-blocking hot path on the event loop; only when nothing is
-buffered does a request wait for the store, on the loop itself (aio.draw). Store work for admin,
-readiness and metrics always runs on a thread. Each kind has its own bounded pool, and every
-wait for the store has a deadline (pools.py), so a hung store holds up no route behind another.
+The id routes wait for the store on the event loop, and only when nothing is buffered
+(IdService.draw); other store work runs on a bounded pool per kind of route (pools.py).
 """
 
 from __future__ import annotations
@@ -24,20 +22,11 @@ from .._errors import Exhausted, IdmintError
 from .._minter import Minter, connect
 from ..ids import check_key_name, is_digits
 from ..stores.base import STORE_HEADER, StoreIdentity
-from ..strategies.refills import set_shared_threads
-from ..strategies.segment import SegmentOptions
+from ..strategies.refills import SegmentOptions, set_shared_threads
 from . import admin, dropin, id_routes, probes
 from .config import ServerConfig
-from .http import (
-    STATUS_OF,
-    HttpError,
-    Request,
-    Response,
-    bearer_in,
-    bearer_is,
-)
+from .http import STATUS_OF, HttpError, Request, Response, bearer_in, bearer_is
 from .id_routes import LEAF_PREFIX
-from .metrics import Counters
 from .openapi import openapi_document
 from .pools import Pool, PoolTimeout
 from .routes import ADMIN, IDS, Call, Handler, Route, Router
@@ -55,8 +44,6 @@ PROBE_THREADS, PROBE_SLOTS = 4, 16
 CLOSE_SHARE = 0.6  # of the shutdown timeout, for giving unused ids back
 
 _HOT_HEADERS = [("content-type", "text/plain; charset=utf-8")]
-# On a 410: the key's maximum, and for one exhausted stripe of a striped key, which stripe and
-# how many the key has (a client's generator then moves to another stripe).
 LAST_ID_HEADER = "idmint-last-id"
 STRIPE_HEADER = "idmint-stripe"
 STRIPES_HEADER = "idmint-stripes"
@@ -88,7 +75,8 @@ def _is_loopback(client: str) -> bool:
 
 def _exhausted_headers(exc: Exhausted) -> tuple[tuple[str, str], ...]:
     """What a 410 says besides its reason: the key's maximum and, when only one stripe of a
-    striped key is exhausted, which one and how many the key has."""
+    striped key is exhausted, which one and how many the key has (a client's generator then
+    moves to another stripe)."""
     headers: list[tuple[str, str]] = []
     if exc.last_id is not None:
         headers.append((LAST_ID_HEADER, str(exc.last_id)))
@@ -113,38 +101,31 @@ class App:
         self.options = SegmentOptions(
             wait=config.wait, max_step=config.max_step, preload_at=config.preload_at
         )
-        self.counters = Counters()
         self.hot_handed = 0  # ids the hot path handed out: added to Leaf's route when read
         self.pools = {
             "id": Pool("id", ID_THREADS, ID_SLOTS),
             "admin": Pool("admin", ADMIN_THREADS, ADMIN_SLOTS),
             "probe": Pool("probe", PROBE_THREADS, PROBE_SLOTS),
         }
-        #: What the id routes and the drop-in routes share (service.py).
-        self.service = IdService(config, self._get_minter, self.pools["id"], self.counters)
-        self.ids = id_routes.IdRoutes(
-            config, self.service, self._get_minter, self.pools["id"], self.counters
-        )
+        #: What the route modules share (service.py).
+        self.service = IdService(config, lambda: self.minter, self.pools["id"])
+        self.counters = self.service.counters
+        self.ids = id_routes.IdRoutes(self.service)
         self.monitor = probes.Monitor(
-            config,
-            self._get_minter,
-            lambda: self._minter,
             self.service,
             self.ids,
-            self.counters,
             self.pools["probe"],
+            lambda: self._minter,
             lambda: self.hot_handed,
         )
-        admins = admin.AdminRoutes(self.service, self._get_minter, self.pools["admin"])
-        drop_ins = dropin.DropIn(self.service, self.counters)
         # Each module's routes, bound to the object that serves them (a typo fails here).
         bound: list[tuple[Route, Handler]] = [
             (route, getattr(server, route.handler))
             for routes, server in (
                 (probes.ROUTES, self.monitor),
-                (admin.ROUTES, admins),
+                (admin.ROUTES, admin.AdminRoutes(self.service, self.pools["admin"])),
                 (id_routes.ROUTES, self.ids),
-                (dropin.ROUTES, drop_ins),
+                (dropin.ROUTES, dropin.DropIn(self.service)),
             )
             for route in routes
         ]
@@ -160,9 +141,6 @@ class App:
         self._id_bearers = self.service.bearers
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    def _get_minter(self) -> Minter:
-        return self.minter
 
     @property
     def minter(self) -> Minter:

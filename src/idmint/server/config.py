@@ -18,10 +18,9 @@ from .._errors import InvalidArgument, did_you_mean
 from ..ids import check_key_name
 from ..layout import layout_named
 from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
-from ..strategies.datacenter import check_dc_name
-from ..strategies.quorum import split_nodes
+from ..strategies.datacenter_cells import check_dc_name
+from ..strategies.quorum_nodes import split_nodes
 from ..strategies.refills import DEFAULT_THREADS, check_threads
-from .logs import LOG_FORMATS
 
 ENV_PREFIX = "IDMINT_"
 #: IDMINT_<NAME>_FILE: the setting read from a file (setting_from_file).
@@ -32,6 +31,8 @@ FILE_SUFFIX = "_FILE"
 MAX_METRICS_KEYS = 1000
 #: What --http takes: HTTP/1.1, 1.1 and 2, or 2 only.
 HTTP_VERSIONS = ("auto", "1", "2")
+#: What --log-format takes: text for people, one JSON object a line for log collectors (run.py).
+LOG_FORMATS = ("text", "json")
 #: The key of a field's metadata that holds its Flag.
 FLAG = "flag"
 
@@ -92,8 +93,6 @@ class ServerConfig:
         "Bearer token the routes that hand out ids need (the admin token works there too); "
         "without one, they are open.",
     )
-    #: Behind a reverse proxy on the same host every client is loopback, so this is an
-    #: explicit opt-in, never a default.
     admin_loopback: bool = flagged(
         False,
         "Allow key admin without the token from loopback clients. Not behind a reverse "
@@ -104,27 +103,26 @@ class ServerConfig:
     wait: float = 1.0
     max_step: int = 1_000_000
     preload_at: float = 0.1
-    #: Seconds from SIGTERM until the process has exited, whatever the store does: in-flight
-    #: requests finish, unused ids go back to the store if it answers in time.
+    #: In-flight requests finish, unused ids go back to the store if it answers in time.
     shutdown_timeout: float = flagged(
         10.0, "Seconds from SIGTERM to exit, whatever the store does [default: {default}]."
     )
-    #: Share the port with other processes (SO_REUSEPORT); off: refuse a port already served.
+    #: SO_REUSEPORT.
     reuse_port: bool = flagged(
         False,
         "Share the port with other processes; without it, a port another process listens "
         "on is refused.",
     )
-    #: HTTP versions granian speaks: "1" (1.1), "auto" (1.1 and 2) or "2". HTTP/1.1 is the
-    #: default because only there does granian time out a connection that sends nothing
-    #: (header_timeout); in auto mode it waits for the first bytes without a bound.
+    #: "1" (1.1), "auto" (1.1 and 2) or "2". HTTP/1.1 is the default because only there does
+    #: granian time out a connection that sends nothing (header_timeout); in auto mode it waits
+    #: for the first bytes without a bound.
     http: str = flagged(
         "1",
         "HTTP versions to speak [default: {default}; auto and 2 do not time out silent "
         "connections].",
         choices=HTTP_VERSIONS,
     )
-    #: Connections each worker holds at once (granian's backpressure); more wait in the backlog.
+    #: granian's backpressure; more wait in the backlog.
     max_connections: int = flagged(
         4096,
         "Connections each worker holds at once, idle ones included [default: {default}].",
@@ -133,44 +131,36 @@ class ServerConfig:
         1024,
         "Connections the kernel queues before a worker takes them [default: {default}].",
     )
-    #: Seconds a connection has to send a request's headers, including the wait for the first
-    #: byte and the idle time of a kept-alive connection between requests (HTTP/1.1).
+    #: Including the wait for the first byte and, on HTTP/1.1, a kept-alive connection's idle
+    #: time between requests.
     header_timeout: float = flagged(
         10.0,
         "Seconds a connection has to send a request's headers; idle kept-alive connections "
         "close then too [default: {default}].",
     )
-    #: Each kept connection still closes after header_timeout idle.
     keep_alive: bool = flagged(
         True, "HTTP/1.1 keep-alive [default: {default}].", opts="--keep-alive/--no-keep-alive"
     )
-    #: Threads that load every key's next range in the background, soonest dry first.
     refill_threads: int = flagged(
         DEFAULT_THREADS,
         "Threads loading every key's next range, soonest dry first [default: {default}].",
     )
-    #: Keys whose generators start (and take a range) when the server starts, as Leaf loads
-    #: every tag; the others start on their first request.
+    #: As Leaf loads every tag at start.
     warm_keys: int = flagged(
         1000,
         "Keys that take a range at start; the rest start on first use [default: {default}].",
     )
-    #: Keys with series of their own in /metrics and entries in /v1/stats: each process's
-    #: busiest (most ids issued); every key counts in the aggregate series. 0: aggregates only.
     metrics_keys: int = flagged(
         100,
         "Keys with series of their own in /metrics and entries in /v1/stats: each worker's "
         "busiest; every key counts in the aggregates [default: {default}; 0: aggregates "
         "only].",
     )
-    #: Each key's ids go out over HTTP no faster than its whole id space in this many days,
-    #: per server process (a 32-bit key: 829 ids/s at 30); 0: no budget (see budget.py).
     id_budget_days: float = flagged(
         30.0,
         "Each key's ids go out over HTTP no faster than its whole id space in this many "
         "days, per worker (a 32-bit key: 829 ids/s) [default: {default}; 0: no budget].",
     )
-    #: "text" for people, "json" for log collectors: one object a line (server/logs.py).
     log_format: str = flagged(
         "text",
         "Log lines for people, or one JSON object a line for log collectors [default: {default}].",
@@ -179,9 +169,7 @@ class ServerConfig:
     #: The snowflake routes' layout and worker-id namespace.
     snowflake_layout: str = "twitter"
     snowflake_namespace: str = "default"
-    #: Serve datacenter keys as this datacenter (empty: segment keys), with its own store
-    #: (empty: on Cassandra, the same cluster at LOCAL_SERIAL). The CLI's datacenter commands
-    #: take the same options.
+    #: Empty: segment keys. The CLI's datacenter commands take the same options.
     dc: str = flagged(
         "",
         "The datacenter this runs in, for datacenter keys (env {env}).",
@@ -193,9 +181,7 @@ class ServerConfig:
         "cassandra://: the same cluster at LOCAL_SERIAL].",
         metavar="URL",
     )
-    #: The nodes of the quorum keys this server serves (/v1/quorum/{key}/ids): store URLs
-    #: joined by commas; empty: no quorum route. unsafe_nodes: accept nodes that do not fsync
-    #: every write. `idmint next` takes the same options.
+    #: Of /v1/quorum/{key}/ids; empty: no quorum route. `idmint next` takes the same options.
     quorum: str = flagged(
         "",
         "Node URLs of a quorum key, joined by commas (env {env}): redis://, sqlite://, "
@@ -215,8 +201,7 @@ class ServerConfig:
                 raise InvalidArgument(
                     f"{name} ({env_variable(name)}) must be a finite number, not {value}"
                 )
-        if not 0.1 <= self.timeout <= 600:
-            raise InvalidArgument(f"timeout must be from 0.1 to 600 seconds, not {self.timeout:g}")
+        self._in_range("timeout", 0.1, 600, " seconds")
         if not 0 < self.wait <= 600:
             raise InvalidArgument(
                 f"wait must be above 0 and at most 600 seconds, not {self.wait:g}"
@@ -232,38 +217,30 @@ class ServerConfig:
         if self.quorum:
             split_nodes(self.quorum)
         check_threads(self.refill_threads)
-        if not 0 <= self.warm_keys <= 1_000_000:
-            raise InvalidArgument(f"warm_keys must be from 0 to 1000000, not {self.warm_keys}")
+        self._in_range("warm_keys", 0, 1_000_000)
         if self.log_format not in LOG_FORMATS:
             raise InvalidArgument(f"log_format must be text or json, not {self.log_format!r}")
         if self.http not in HTTP_VERSIONS:
             raise InvalidArgument(f"http must be auto, 1 or 2, not {self.http!r}")
-        if not 0 < self.port < 65536:
-            raise InvalidArgument(f"port must be from 1 to 65535, not {self.port}")
-        if not 1 <= self.workers <= 256:
-            raise InvalidArgument(f"workers must be from 1 to 256, not {self.workers}")
-        if not 1 <= self.max_connections <= 1_000_000:
-            raise InvalidArgument(
-                f"max_connections must be from 1 to 1000000, not {self.max_connections}"
-            )
-        if not 128 <= self.backlog <= 65535:
-            raise InvalidArgument(f"backlog must be from 128 to 65535, not {self.backlog}")
-        if not 1 <= self.shutdown_timeout <= 3600:
-            raise InvalidArgument(
-                f"shutdown_timeout must be from 1 to 3600 seconds, not {self.shutdown_timeout:g}"
-            )
-        if not 0 <= self.metrics_keys <= MAX_METRICS_KEYS:
-            raise InvalidArgument(
-                f"metrics_keys must be from 0 to {MAX_METRICS_KEYS}, not {self.metrics_keys}"
-            )
+        self._in_range("port", 1, 65535)
+        self._in_range("workers", 1, 256)
+        self._in_range("max_connections", 1, 1_000_000)
+        self._in_range("backlog", 128, 65535)
+        self._in_range("shutdown_timeout", 1, 3600, " seconds")
+        self._in_range("metrics_keys", 0, MAX_METRICS_KEYS)
         if not 0 <= self.id_budget_days <= 36_500:  # NaN fails this too
             raise InvalidArgument(
                 f"id_budget_days must be from 0 (no budget) to 36500, not {self.id_budget_days}"
             )
-        if not 0.1 <= self.header_timeout <= 60:
-            raise InvalidArgument(
-                f"header_timeout must be from 0.1 to 60 seconds, not {self.header_timeout:g}"
-            )
+        self._in_range("header_timeout", 0.1, 60, " seconds")
+
+    def _in_range(self, name: str, low: float, high: float, unit: str = "") -> None:
+        """Refuse setting `name` outside [low, high]; a number of seconds (`unit`) shows as
+        10, not 10.0."""
+        value = getattr(self, name)
+        if not low <= value <= high:
+            shown = f"{value:g}" if unit else value
+            raise InvalidArgument(f"{name} must be from {low} to {high}{unit}, not {shown}")
 
     def to_env(self) -> dict[str, str]:
         return {env_variable(k): str(v) for k, v in asdict(self).items()}

@@ -20,16 +20,7 @@ from typing import Any
 
 from .._errors import IdmintError
 from ..ids import ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
-from .http import (
-    MAX_IDS,
-    MAX_RANGE,
-    STATUS_OF,
-    HttpError,
-    Response,
-    bearer_in,
-    json_response,
-)
-from .metrics import Counters
+from .http import MAX_IDS, MAX_RANGE, STATUS_OF, HttpError, Response, bearer_in, json_response
 from .openapi import E400_CAP, E401_IDS, E404, E410, E503, TEXT, json_ok, text_ok
 from .pools import PoolTimeout
 from .routes import (
@@ -190,7 +181,7 @@ ROUTES = (
     ),
     _tinyid(
         TINYID_IDS_SIMPLE,
-        "tinyid_ids_simple",
+        "tinyid_ids",
         "tinyid's nextIdSimple: batchSize ids of the key, comma-separated",
         IDS_PARAMS,
         None,
@@ -204,7 +195,7 @@ ROUTES = (
     ),
     _tinyid(
         TINYID_SEGMENT_SIMPLE,
-        "tinyid_segment_simple",
+        "tinyid_segment",
         "tinyid's nextSegmentIdSimple: a fresh range of the key's step, as "
         "currentId,loadingId,maxId,delta,remainder (tinyid-client parses it)",
         SEGMENT_PARAMS,
@@ -265,9 +256,9 @@ ROUTES = (
 class DropIn:
     """The handlers of ROUTES, on the id service's generators and allocations (service.py)."""
 
-    def __init__(self, service: IdService, counters: Counters) -> None:
+    def __init__(self, service: IdService) -> None:
         self.service = service
-        self.counters = counters
+        self.counters = service.counters
 
     # -- errors ------------------------------------------------------------------------------
 
@@ -352,16 +343,11 @@ class DropIn:
         )
         return segment, text, len(ids)
 
+    # Each serves its route's JSON form and its plain one (the route's path says which).
     async def tinyid_ids(self, call: Call) -> Response:
         return await self._tinyid(call, self._ids)
 
-    async def tinyid_ids_simple(self, call: Call) -> Response:
-        return await self._tinyid(call, self._ids)
-
     async def tinyid_segment(self, call: Call) -> Response:
-        return await self._tinyid(call, self._segment)
-
-    async def tinyid_segment_simple(self, call: Call) -> Response:
         return await self._tinyid(call, self._segment)
 
     # -- CosId -------------------------------------------------------------------------------
@@ -383,7 +369,6 @@ class DropIn:
         return json_response(value)
 
     async def cosid_id(self, call: Call) -> Response:
-        """One id of key `key`: a bare JSON number, as CosId's `GET /ids/{name}`."""
         key = call.key
 
         async def one() -> tuple[Any, int]:
@@ -393,8 +378,6 @@ class DropIn:
         return await self._cosid(COSID_ID, one())
 
     async def cosid_segment(self, call: Call) -> Response:
-        """CosId's nextMaxId: a fresh range of `step` consecutive ids of key `key`, answered as
-        its last id, so the client's (maxId - step, maxId] is that range exactly."""
         key = call.key
 
         async def next_max_id() -> tuple[Any, int]:
@@ -414,8 +397,8 @@ class DropIn:
         return await self._cosid(COSID_SEGMENT, next_max_id())
 
     async def cosid_distributor(self, call: Call) -> Response:
-        """CosId's createDistributor: idempotent; the key must exist (keys are idmint's admin's
-        to make), and every id it hands out must be above `offset`, as CosId's would be."""
+        """The key must exist (keys are idmint's admin's to make), with every id it hands out
+        above `offset`, as CosId's would be."""
         key = call.key
 
         async def check() -> tuple[Any, int]:

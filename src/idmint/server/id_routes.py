@@ -6,32 +6,18 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from .._errors import IdmintError, KeyNotFound
-from .._minter import Minter
 from ..ids import MAX_STRIPES
 from ..layout import layout_named
-from ..strategies.quorum import QuorumGenerator, QuorumOptions, split_nodes
+from ..strategies.quorum import QuorumGenerator
+from ..strategies.quorum_nodes import QuorumOptions, split_nodes
 from ..strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
-from .config import ServerConfig
 from .http import MAX_IDS, MAX_RANGE, NUMBER, HttpError, Response, json_response
-from .metrics import Counters
-from .openapi import (
-    E400,
-    E400_CAP,
-    E401_IDS,
-    E404,
-    E410,
-    E410_RANGE,
-    E503,
-    error,
-    json_ok,
-    text_ok,
-)
-from .pools import Pool, PoolTimeout
+from .openapi import E400, E400_CAP, E401_IDS, E404, E410, E410_RANGE, E503, error, json_ok, text_ok
+from .pools import PoolTimeout
 from .routes import IDS, OPEN, SPRING_METHODS, STR, Call, Param, Route, path_key, query_int
 from .service import IdService
 
@@ -251,19 +237,12 @@ class IdRoutes:
     """The handlers of ROUTES, on the service's generators and the server's snowflake and
     quorum generators."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        service: IdService,
-        minter: Callable[[], Minter],
-        pool: Pool,
-        counters: Counters,
-    ) -> None:
-        self.config = config
+    def __init__(self, service: IdService) -> None:
         self.service = service
-        self._minter = minter
-        self.pool = pool
-        self.counters = counters
+        self.config = config = service.config
+        self._minter = service.minter
+        self.pool = service.pool
+        self.counters = service.counters
         # How long a request waits for the store and a range on top of it.
         self.id_deadline = config.timeout + config.wait
         #: The server's snowflake generator, made on first use.
@@ -311,12 +290,11 @@ class IdRoutes:
     # -- snowflake ---------------------------------------------------------------------------
 
     async def _snowflake(self) -> SnowflakeGenerator:
-        """The server's snowflake generator, made on first use: leasing a worker id and the
-        first tick (which may wait out a previous holder's horizon) run on a thread."""
+        """The server's snowflake generator, made on first use, on a thread: leasing a worker id,
+        and the first tick, which may wait out a previous holder's horizon or a young store's
+        quarantine (up to a lease's ttl on top of the store's answer)."""
         flake = self.flake
         if flake is None:
-            # Its first tick may wait out a previous holder's horizon, or a young store's
-            # quarantine: up to a lease's ttl on top of the store's answer.
             deadline = self.id_deadline + SnowflakeOptions().ttl
             try:
                 flake = await self.pool.run(deadline, self._make_snowflake)
@@ -341,7 +319,6 @@ class IdRoutes:
             return self.flake
 
     async def snowflake_get(self, call: Call) -> Response:
-        # Leaf's route takes a key and ignores it: one id space per server. We check the name.
         gen = await self._snowflake()
         i = gen.next_id()
         self.counters.handed[SNOWFLAKE_ROUTE] += 1
@@ -370,9 +347,7 @@ class IdRoutes:
         return json_response(self._decode(call.arg("id")))
 
     async def leaf_decode(self, call: Call) -> Response:
-        # Leaf's LeafMonitorController.decodeSnowflakeId: all strings, the timestamp as
-        # "ms(yyyy-MM-dd HH:mm:ss.SSS)" in the server's time zone; an id it cannot decode is
-        # an HTTP 200 with only "errorMsg" (a missing parameter is Spring's 400).
+        # Leaf's shapes (see the route's summary); a missing parameter is Spring's 400.
         text = call.arg("snowflakeId")
         try:
             parts = self._decode(text.strip())
@@ -391,8 +366,6 @@ class IdRoutes:
     # -- quorum keys -------------------------------------------------------------------------
 
     async def quorum_ids(self, call: Call) -> Response:
-        """`count` consecutive ids of quorum key `key`, above every id of the key handed out
-        before the request came (group commit: concurrent requests share one round)."""
         key = call.key
         if not self.config.quorum:
             raise HttpError(404, "this server has no quorum nodes (start it with --quorum URLS)")

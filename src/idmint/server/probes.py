@@ -28,18 +28,14 @@ from ..stores.replication import ReplicationState, failovers
 from ..strategies.datacenter import DatacenterRanges
 from ..strategies.quorum import QuorumGenerator
 from ..strategies.segment import GeneratorCounts
-from .config import ServerConfig
 from .http import Response, json_response
 from .id_routes import LEAF_ROUTE, IdRoutes
-from .metrics import (
+from .metrics import Exporter, WorkerViews, combine_views
+from .metrics_sources import (
     RATE_WINDOW,
-    Counters,
-    Exporter,
     RateMeter,
     Sources,
-    WorkerViews,
     cas_counts,
-    combine_views,
     datacenter_stats,
     quorum_stats,
 )
@@ -146,18 +142,15 @@ class Monitor:
 
     def __init__(
         self,
-        config: ServerConfig,
-        minter: Callable[[], Minter],
-        opened: Callable[[], Minter | None],
         service: IdService,
         ids: IdRoutes,
-        counters: Counters,
         pool: Pool,
+        opened: Callable[[], Minter | None],
         hot_handed: Callable[[], int],
     ) -> None:
-        self.config = config
-        self._minter, self._opened = minter, opened
-        self.service, self.ids, self.counters, self.pool = service, ids, counters, pool
+        self.config = config = service.config
+        self._minter, self._opened = service.minter, opened
+        self.service, self.ids, self.counters, self.pool = service, ids, service.counters, pool
         self._hot_handed = hot_handed
         self.started = time.time()
         self.shutting_down = False
@@ -431,10 +424,8 @@ class Monitor:
     # -- /metrics, /v1/stats -----------------------------------------------------------------
 
     async def metrics(self, call: Call) -> Response:
-        """Every worker's series (the aggregates, each worker's busiest keys), or with
-        `?key=a&key=b` those keys as the answering process has them (label pid). Rendered on a
-        probe thread from what the process keeps (no store call): the event loop goes on
-        answering while a scrape is read and written."""
+        """Rendered on a probe thread from what the process keeps (no store call): the event
+        loop goes on answering while a scrape is read and written."""
         names = call.arg("key")
         render = self._render_metrics
         if names:
@@ -454,9 +445,6 @@ class Monitor:
         return self.exporter.render_keys(self.sources(), names)
 
     async def stats(self, call: Call) -> Response:
-        """The dashboard's data: the server, every worker's totals, and keys with this
-        process's view of them: its busiest `metrics_keys` by default, the ones named by
-        `?key=`, or with `?all=1` every key (by name, at most STATS_ALL_MAX)."""
         names = call.arg("key")
         everything = call.arg("all") in ("1", "true")
         body = await self.pool.run(RENDER_DEADLINE, self._stats_body, names, everything)

@@ -1,25 +1,35 @@
-"""Start the server: granian (RSGI) when installed, uvicorn (ASGI) as the fallback."""
+"""Start the server: granian (RSGI) when installed, uvicorn (ASGI) as the fallback.
+
+Its log lines are text for people, or one JSON object a line for log collectors. Every line,
+idmint's and granian's own, goes to stderr through one handler on the root logger, in the main
+process and in every worker (granian applies the same dictConfig in each). JSON fields
+(docs/deploy.md): `time` (UTC, ISO 8601 with milliseconds), `level`, `logger`, `message`,
+`pid`, and `exception` (the traceback) when the line carries one.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import ipaddress
+import json
 import logging
+import logging.config
 import math
 import os
 import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from .._errors import InvalidArgument, StoreUnavailable
 from ..ids import is_digits
 from ..stores import RangeStore, open_store
-from . import logs
 from .config import FILE_SUFFIX, ServerConfig
-from .metrics import MULTIPROC_ENV, VIEW_PREFIX
+from .metrics import MULTIPROC_ENV, VIEW_PREFIX, pid_running
 
 TARGET = "idmint.server.app:create_app"
 
@@ -68,7 +78,7 @@ def serve(config: ServerConfig) -> None:
     os.environ.update(config.to_env())
     for name in config.to_env():
         os.environ.pop(name + FILE_SUFFIX, None)
-    logs.configure(config.log_format)
+    configure_logs(config.log_format)
     for level, line in describe_access(config):
         log.log(level, "%s", line)
     for variable in ServerConfig.unknown_env():
@@ -155,12 +165,8 @@ def _remove_orphans() -> None:
         pid = path.name[len(METRICS_PREFIX) :].split("-", 1)[0]
         if not is_digits(pid) or not path.is_dir() or (_uid() and path.stat().st_uid != _uid()):
             continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if not pid_running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass  # there, someone else's
 
 
 def _serve(config: ServerConfig, address: str) -> None:
@@ -204,7 +210,7 @@ def _serve(config: ServerConfig, address: str) -> None:
         workers_kill_timeout=max(1, math.floor(config.shutdown_timeout)),  # whole seconds
         factory=True,
         log_access=False,
-        log_dictconfig=logs.log_config(config.log_format),
+        log_dictconfig=log_config(config.log_format),
     ).serve()
 
 
@@ -285,7 +291,7 @@ def _serve_uvicorn(config: ServerConfig) -> None:
         port=config.port,
         workers=config.workers,
         log_level="info",
-        log_config=logs.log_config(config.log_format),
+        log_config=log_config(config.log_format),
         access_log=False,
         timeout_graceful_shutdown=config.shutdown_timeout,
     )
@@ -293,3 +299,52 @@ def _serve_uvicorn(config: ServerConfig) -> None:
 
 def _uid() -> int:
     return os.getuid() if hasattr(os, "getuid") else 0  # no uids on Windows
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line; a message's own newlines are escaped, so a line is a record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def log_config(log_format: str) -> dict[str, Any]:
+    """A logging dictConfig for `log_format`: granian merges it over its own defaults (whose
+    loggers print to stdout in their own format), so its loggers are named here and sent to
+    the root handler."""
+    formatter: dict[str, Any] = (
+        {"()": f"{__name__}.JsonFormatter"} if log_format == "json" else {"format": TEXT_FORMAT}
+    )
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"idmint": formatter},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "idmint",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "root": {"handlers": ["stderr"], "level": "INFO"},
+        "loggers": {
+            "_granian": {"handlers": [], "propagate": True},
+            "granian.access": {"handlers": [], "propagate": True},
+        },
+    }
+
+
+def configure_logs(log_format: str) -> None:
+    logging.config.dictConfig(log_config(log_format))

@@ -6,6 +6,7 @@ generator (`take_ids`), a whole range (`allocate`), or a key's row (`key_row`)."
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 
@@ -14,14 +15,85 @@ from .._minter import Minter, allocate_any
 from ..aio import draw
 from ..ids import BATCH_CAP_MAX, BATCH_CAP_STEPS, Allocation, Key, check_stripe
 from ..strategies.segment import SegmentGenerator
-from .budget import IdBudget, OverBudget
 from .config import ServerConfig
 from .http import HttpError, bearer_is
-from .metrics import Counters
+from .metrics_sources import Counters
 from .pools import Pool
 
 NEGATIVE_CACHE_SECONDS = 1.0
 BATCH_CAP_HEADER = "idmint-batch-cap"
+SECONDS_A_DAY = 86_400
+#: Above this many ids a second a budget never binds: no bucket is kept.
+UNLIMITED_RATE = 1e9
+#: Seconds of the budget a full bucket holds (a burst after a quiet while).
+BURST_SECONDS = 3600.0
+
+
+class OverBudget(Exception):
+    """A request the key's budget cannot pay for now."""
+
+    def __init__(self, key: Key, rate: float, days: float, retry_after: float) -> None:
+        super().__init__(
+            f"key {key.name!r} hands out at most {rate:,.0f} ids/s over HTTP per server process "
+            f"(its {key.last_id - key.first_id + 1:,} ids would last {days:g} days at that rate; "
+            f"--id-budget-days, IDMINT_ID_BUDGET_DAYS); try again in {retry_after:.0f} s"
+        )
+        self.retry_after = retry_after
+
+
+class _Bucket:
+    __slots__ = ("capacity", "level", "rate", "stamp")
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate, self.capacity = rate, capacity
+        self.level, self.stamp = capacity, time.monotonic()
+
+
+class IdBudget:
+    """How fast a key's ids may go out over HTTP: a budget per key and server process, for
+    every key this process serves (event-loop use only: no lock).
+
+    Without a client token the id routes are open to anyone, and a bounded key (a 32-bit key
+    has about 2.1 billion ids) would be burnt for good by a few seconds of large requests. So
+    each key gets a token bucket of ids: it refills at the key's whole id space over `days` (a
+    32-bit key over 30 days: 829 ids/s), holds an hour of that (about 3 million ids of a 32-bit
+    key: bursts, backfills) or one full batch, whichever is more, and a request it cannot pay
+    for is refused with 429 and Retry-After. A 64-bit key's budget is beyond any request rate,
+    so it gets no bucket and the hot path pays one comparison.
+    """
+
+    def __init__(self, days: float) -> None:
+        self.days = days  # 0: no budget
+        self._buckets: dict[str, _Bucket | None] = {}
+
+    def rate(self, key: Key) -> float:
+        """The key's budget in ids a second (infinite with no budget)."""
+        if not self.days:
+            return math.inf
+        return (key.last_id - key.first_id + 1) / (self.days * SECONDS_A_DAY)
+
+    def charge(self, key: Key, ids: int) -> None:
+        """Take `ids` from the key's budget, or raise OverBudget (nothing taken)."""
+        bucket = self._buckets[key.name] if key.name in self._buckets else self._make(key)
+        if bucket is None:
+            return
+        now = time.monotonic()
+        bucket.level = min(bucket.capacity, bucket.level + (now - bucket.stamp) * bucket.rate)
+        bucket.stamp = now
+        if ids > bucket.level:
+            wait = (ids - bucket.level) / bucket.rate
+            raise OverBudget(key, bucket.rate, self.days, max(1.0, math.ceil(wait)))
+        bucket.level -= ids
+
+    def _make(self, key: Key) -> _Bucket | None:
+        rate = self.rate(key)
+        made = None
+        if rate < UNLIMITED_RATE:
+            made = _Bucket(rate, max(rate * BURST_SECONDS, float(key.batch_cap)))
+        if len(self._buckets) > 1_000_000:  # made-up names never get here: rows exist
+            self._buckets.clear()
+        self._buckets[key.name] = made
+        return made
 
 
 def check_cap(row: Key, asked: int, what: str) -> None:
@@ -45,19 +117,14 @@ def check_cap(row: Key, asked: int, what: str) -> None:
 
 class IdService:
     """The segment keys as the id routes see them. `minter` is called for the app's minter
-    (opened on first use); store calls run on `pool`, within the config's timeout."""
+    (opened on first use); store calls run on `pool`, within the config's timeout. The route
+    modules take their config, minter, id pool and counters from here."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        minter: Callable[[], Minter],
-        pool: Pool,
-        counters: Counters,
-    ) -> None:
+    def __init__(self, config: ServerConfig, minter: Callable[[], Minter], pool: Pool) -> None:
         self.config = config
-        self._minter = minter
+        self.minter = minter
         self.pool = pool
-        self.counters = counters
+        self.counters = Counters()
         self.store_deadline = config.timeout
         #: Each key's row as last read: its batch cap.
         self.rows: dict[str, Key] = {}
@@ -65,7 +132,7 @@ class IdService:
         self.generators: dict[str, SegmentGenerator] = {}
         # Names found to be no key (of the kind asked for), and until when that is trusted.
         self._missing: dict[str, tuple[float, KeyNotFound]] = {}
-        # Ids per second each key may hand out over HTTP in this process (budget.py).
+        # Ids per second each key may hand out over HTTP in this process (IdBudget).
         self._budget = IdBudget(config.id_budget_days)
         #: Bearer headers the hot path accepts as they are (any other form of a good token
         #: takes the full path, which parses the header): none, and the id routes are open,
@@ -97,7 +164,7 @@ class IdService:
             return row
         self.check_missing(key)
         try:
-            row = await self.pool.run(self.store_deadline, self._minter().key, key)
+            row = await self.pool.run(self.store_deadline, self.minter().key, key)
         except KeyNotFound as exc:
             self.remember_missing(key, exc)
             raise
@@ -134,7 +201,7 @@ class IdService:
     # -- taking ids --------------------------------------------------------------------------
 
     def charge(self, row: Key, ids: int) -> None:
-        """Take `ids` from the key's HTTP budget (budget.py), or answer 429."""
+        """Take `ids` from the key's HTTP budget (IdBudget), or answer 429."""
         try:
             self._budget.charge(row, ids)
         except OverBudget as exc:
@@ -146,7 +213,7 @@ class IdService:
         if gen is not None:
             return gen
         await self.key_row(key)
-        gen = self.generators.get(key) or self._minter().segment(key)
+        gen = self.generators.get(key) or self.minter().segment(key)
         self.generators[key] = gen
         return gen
 
@@ -182,10 +249,8 @@ class IdService:
         # A range the store commits after the deadline is dropped: skipped, never served.
         taken = await self.pool.run(
             self.store_deadline,
-            functools.partial(allocate_any, self._minter().ranges, key, size, stripe=stripe),
+            functools.partial(allocate_any, self.minter().ranges, key, size, stripe=stripe),
         )
-        # The allocation's row is its stripe's: only the key's own row (stripe 0) has the
-        # batch cap, so a stripe's row never replaces it.
         row = self.keep_allocated_row(taken.key)
         handed = self.counters.ranges_handed
         handed[key] = handed.get(key, 0) + len(taken.range)

@@ -1,19 +1,16 @@
-"""Store URLs without their secrets, for every message, log line and metric.
+"""Store URLs without their secrets, for every message, log line and metric: `redact(url)` is
+the URL to show; `scrub(text, url)` is a driver's message about the URL without those secrets,
+nor any piece of one between "/ # ? @ : & = ;" (a driver that misread the URL shows pieces of
+a password as a host, a port or a database name).
 
-What counts as a secret:
-
-- the password of the userinfo: everything between the first ":" after `scheme://` and the
-  URL's *last* "@". A password may hold any character, unencoded "/ # ? @ :" too, which
-  urlsplit (and libpq) misread; cutting at the last "@" never shows any of it. (A URL with "@"
-  further on, in its path or query, then shows less than it could: never more.)
-- the value of every parameter, in the query or in a `key=value` connection string, whose name
-  contains one of SECRET_WORDS, whatever its case: password, passwd, pwd, sslpassword, token,
-  secret, api_key, sslkey, auth... A value runs to the next "&name=" (or ";name=", or a blank
-  and "name="), so a "#" or "?" inside it is hidden too.
-
-`redact(url)` is the URL to show; `scrub(text, url)` is a driver's message about the URL without
-those secrets, nor any piece of one between "/ # ? @ : & = ;": a driver that misread the URL
-shows pieces of a password as a host, a port or a database name.
+The secrets: the userinfo's password, everything between the first ":" after `scheme://` and
+the URL's *last* "@" (a password may hold any character, unencoded "/ # ? @ :" too, which
+urlsplit and libpq misread: cutting at the last "@" never shows any of it; a URL with "@"
+further on, in its path or query, then shows less than it could, never more); and the value
+of every parameter, in the query or a `key=value` connection string, whose name contains one
+of SECRET_WORDS in any case (password, passwd, pwd, sslpassword, token, secret, api_key,
+sslkey, auth...), running to the next "&name=" (or ";name=", or a blank and "name="), so a
+"#" or "?" inside it is hidden too.
 """
 
 from __future__ import annotations

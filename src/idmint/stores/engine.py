@@ -74,19 +74,15 @@ class Engine:
             return made
 
     def ranges(self) -> RangeStore:
-        """Segment keys (RangeStore)."""
         return cast(RangeStore, self._get("ranges"))
 
     def leases(self) -> LeaseStore:
-        """Snowflake worker-id leases (LeaseStore)."""
         return cast(LeaseStore, self._get("leases"))
 
     def cas(self) -> CasStore:
-        """Compare-and-set cells (CasStore)."""
         return cast(CasStore, self._get("cas"))
 
     def quorum(self) -> QuorumNode:
-        """This store as one node of quorum keys (QuorumNode)."""
         return cast(QuorumNode, self._get("quorum"))
 
     def local_cas(self, dc: str) -> CasStore:

@@ -1,21 +1,13 @@
 """The fenced worker-lease protocol (`LeaseStore`, stores/base.py), written once for the engines
-that run it in Python: SQL, etcd, ZooKeeper, Cassandra and memory. Redis runs the same rules in
-one Lua script (redis/), which tests/test_leasing.py checks against `choose_worker`.
+that run it in Python: SQL, etcd, ZooKeeper, Cassandra, memory and over_cas. Redis runs the same
+rules in one Lua script (redis/), which tests/test_leasing.py checks against `choose_worker`.
 
-What is decided here, for every engine:
-
-- acquire: read the namespace's table (who holds which id, each id's stored horizon, the ids
-  reserved for static holders); choose a worker id with `choose_worker`, or honour a static
-  claim (WorkerInUse while a live lease holds it); try the engine's atomic take; after a lost
-  race read again, at most ATTEMPTS rounds, then StoreUnavailable; build the Lease;
-- renew: a refresh the engine reports as not done is LeaseLost when another owner (or none)
-  holds the id, HorizonForgotten when the stored horizon is below the one the holder was given,
-  and otherwise (the horizon moved meanwhile) is tried again from the horizon found;
-- release: the horizon comes down to max(floor, issued_ms), only while the id is still held by
-  the lease; never LeaseLost.
-
-What each engine supplies is `FencedLeases`' underscored methods: its table (`Table`), its one
-atomic take (`Acquisition.take`: the same keys, rows or nodes, values and conditions in one
+Decided here, for every engine: acquire (read the namespace's `Table`, choose an id or honour
+a static claim, take it; after a lost race read again, at most ATTEMPTS rounds), renew (what a
+refresh that renewed nothing means: LeaseLost, HorizonForgotten, or a retry from the horizon
+found) and release (the horizon down to max(floor, issued_ms), only while the lease holds the
+id; never LeaseLost). Each engine supplies `FencedLeases`' underscored methods: its table, its
+one atomic take (`Acquisition.take`: the same keys, rows or nodes, values and conditions in one
 write, whatever version of idmint shares the store), its refresh, its free, its rows.
 """
 
@@ -32,8 +24,8 @@ from .._errors import LeaseLost, StoreUnavailable, WorkerInUse
 from .base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from .leasing import choose_worker, holder_name
 
-# Rounds of an acquire (or renewal) lost in a row to other writers: each lost one means another
-# writer won, so this bounds only pathological contention.
+# Rounds of an acquire (or renewal) lost in a row: each means another writer won, so this bounds
+# only pathological contention.
 ATTEMPTS = 100
 
 
@@ -107,14 +99,6 @@ class Acquisition(Protocol[T]):
         another writer changed it first."""
 
 
-def lease_lost(lease: Lease) -> LeaseLost:
-    """The error of a renewal whose worker id is no longer held by `lease`."""
-    return LeaseLost(
-        f"worker {lease.worker_id} of namespace {lease.namespace!r} is no longer held: "
-        "its lease lapsed or another owner holds it now"
-    )
-
-
 class FencedLeases(abc.ABC):
     """A LeaseStore's acquire, renew, release and holders over an engine's primitives (the
     abstract methods). Subclasses add `unreserve`, `identity` and `close`."""
@@ -140,8 +124,8 @@ class FencedLeases(abc.ABC):
         was found instead."""
 
     def _dropped(self, lease: Lease) -> None:
-        """A renewal found the lease lost: forget what the engine keeps for it (nothing, but
-        for ZooKeeper's session per lease)."""
+        """A renewal found the lease lost: forget what the engine keeps for it (ZooKeeper: its
+        session)."""
         return None
 
     @abc.abstractmethod
@@ -214,7 +198,10 @@ class FencedLeases(abc.ABC):
                 return found
             if not found.ours:
                 self._dropped(lease)
-                raise lease_lost(lease)
+                raise LeaseLost(
+                    f"worker {lease.worker_id} of namespace {lease.namespace!r} is no longer "
+                    "held: its lease lapsed or another owner holds it now"
+                )
             if found.horizon_ms < lease.horizon_ms:
                 self._dropped(lease)
                 raise forgotten(lease, found.horizon_ms)

@@ -1,21 +1,16 @@
 """What a store's replication can lose, read from the engine itself (issue 20).
 
-A replicated store (Redis with replicas, PostgreSQL with standbys, MySQL/MariaDB with
-replicas) fails over to a replica. If the replica lacks the primary's last acknowledged
-writes, a key's counter moves back and the same ranges are handed out again. So each engine
-reports here, when opened and while it runs:
-
-- its role (a primary, a replica, or a server with no replication at all);
-- the primary's *lineage*: an id that changes when another server becomes the primary
-  (Redis `master_replid`, PostgreSQL's system identifier and timeline, MySQL's
-  `server_uuid`). A store identity (`StoreIdentity`) does not: it is data, and replicas
-  copy it;
-- how many replicas are connected, and how many each write waits for before it is
-  acknowledged (PostgreSQL synchronous standbys, MySQL semi-synchronous replicas; Redis
-  WAIT, which idmint sends itself).
-
-`risk` says in one line why an acknowledged write may be missing from a promoted replica,
-or is None when none can be (no replicas, or every write waits for them).
+A replicated store (Redis with replicas, PostgreSQL with standbys, MySQL/MariaDB with replicas)
+fails over to a replica; one lacking the primary's last acknowledged writes moves a key's
+counter back, and the same ranges are handed out again. So each engine reports here, when
+opened and while it runs, its role (primary, replica, or no replication at all); the primary's
+*lineage*, an id that changes when another server becomes the primary (Redis `master_replid`,
+PostgreSQL's system identifier and timeline, MySQL's `server_uuid`; a `StoreIdentity` does
+not: it is data, and replicas copy it); how many replicas are connected, and how many each
+write waits for before it is acknowledged (PostgreSQL synchronous standbys, MySQL
+semi-synchronous replicas, Redis WAIT, which idmint sends itself). `risk` says in one line why
+an acknowledged write may be missing from a promoted replica, or is None when none can be (no
+replicas, or every write waits for them).
 """
 
 from __future__ import annotations

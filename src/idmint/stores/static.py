@@ -142,11 +142,10 @@ class StaticLeaseStore(ForkAware):
 
 
 class StateFileLeases:
-    """A static worker id claimed in a lease store and recorded in a state file too: the
-    store fences it against every other process, the file keeps this host's horizon even if
-    the store loses its data. Acquire takes the file's lock first (two processes of one host
-    are told apart without a round trip), then the store's claim; the floor is the higher of
-    the two horizons, and every horizon move is written to both."""
+    """A static worker id claimed in a lease store and a state file (see the module doc).
+    Acquire takes the file's lock first (two processes of one host are told apart without a
+    round trip), then the store's claim; the floor is the higher of the two horizons, and
+    every horizon move is written to both."""
 
     def __init__(self, store: LeaseStore, state: StaticLeaseStore) -> None:
         self.store, self.state = store, state

@@ -1,6 +1,6 @@
 """The cells of datacenter keys (see datacenter.py): what the global level and each
 datacenter's level keep, encoded as JSON in compare-and-set cells, and the arithmetic of
-reservations on them. No I/O: the store (datacenter_store.py and the modules on it) reads and
+reservations on them. No I/O: the store (datacenter_store.py, datacenter.py) reads and
 swaps these cells; everything here is pure, so it can be tested and reasoned about alone.
 
 A failover's fence (stores/fences.py) must know how to move these cells' counters, so the

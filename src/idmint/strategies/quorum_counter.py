@@ -20,8 +20,7 @@ from .._fork import ForkAware, private_random
 from .._poll import readable
 from ..ids import Range, check_count, check_key_name
 from ..stores.base import MultiplexedQuorumNode, QuorumNode
-from .quorum_nodes import Answer, NodeSlot, QuorumNodeSet
-from .quorum_options import NodeHealth, QuorumOptions
+from .quorum_nodes import Answer, NodeHealth, NodeSlot, QuorumNodeSet, QuorumOptions
 
 log = logging.getLogger("idmint.quorum")
 

@@ -1,8 +1,9 @@
-"""The nodes of quorum keys (see quorum.py): one NodeSlot per node, with its thread, health
-and checks, and the QuorumNodeSet that the keys of one node list share, with the threads that
-run their rounds. What is true of a node for every key lives here (unsafe, named twice, a new
-identity); what one key saw on a node (its counter there) lives with the key, in
-quorum_counter.py.
+"""What a quorum key is given and the nodes it runs on (see quorum.py): node lists as text and
+their checks, QuorumOptions, the figures keys report (NodeHealth, QuorumStats); one NodeSlot per
+node, with its thread, health and checks, and the QuorumNodeSet that the keys of one node list
+share, with the threads that run their rounds. What is true of a node for every key lives here
+(unsafe, named twice, a new identity); what one key saw on a node (its counter there) lives
+with the key, in quorum_counter.py.
 
 This module knows the keys only through the two small protocols below, so that the keys'
 modules can import it and not the other way round.
@@ -12,18 +13,130 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import InvalidArgument
 from .._fork import ForkAware
+from ..ids import ID_MAX, check_count
 from ..stores.base import MultiplexedQuorumNode, QuorumNode
-from .quorum_options import NodeHealth, check_nodes
 
 log = logging.getLogger("idmint.quorum")
+
+# A node list is URLs joined by commas; a comma inside a URL (etcd://h1:2379,h2:2379/x) is
+# not followed by a scheme, so a list splits only where the next URL begins.
+_NEXT_URL = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
+def split_nodes(text: str) -> list[str]:
+    """The node URLs of "redis://a,redis://b,redis://c" (the form of --quorum and
+    IDMINT_QUORUM)."""
+    nodes = [part.strip() for part in _NEXT_URL.split(text.strip())]
+    if not all(nodes) or "://" not in nodes[0]:
+        raise InvalidArgument(
+            f"bad node list {text!r}: give store URLs joined by commas, "
+            "e.g. redis://a:6379,redis://b:6379,redis://c:6379"
+        )
+    return check_nodes(nodes)
+
+
+def check_nodes(urls: Sequence[str]) -> list[str]:
+    """`urls` as a list if they can be a quorum key's nodes: an odd number, 3 or more, each
+    once."""
+    if len(urls) < 3 or len(urls) % 2 == 0:
+        raise InvalidArgument(
+            f"a quorum key needs an odd number of nodes, 3 or more, not {len(urls)}: with an "
+            "even number, one node more can fail for the same cost"
+        )
+    if len(set(urls)) < len(urls):
+        raise InvalidArgument(f"a node is named twice: {', '.join(urls)}")
+    return list(urls)
+
+
+@dataclass(frozen=True)
+class QuorumOptions:
+    """How a quorum key's rounds run. The defaults suit nodes in one region."""
+
+    #: Seconds a request may take, retries included, before QuorumUnavailable.
+    deadline: float = 5.0
+    #: The random wait after a lost round is drawn from [0, w], w doubling from first_wait
+    #: up to longest_wait (seconds).
+    first_wait: float = 0.001
+    longest_wait: float = 0.1
+    #: Seconds a round waits for a majority of answers. Past it the round counts as lost
+    #: (late answers still raise the nodes' counters) and the next one goes without the nodes
+    #: that have not answered: a node cut off or frozen holds up a round this long, not until
+    #: its connection times out.
+    round_wait: float = 0.25
+    #: The lowest and highest ids the key hands out (start: above legacy ids).
+    start: int = 1
+    max: int = ID_MAX
+    #: Run on nodes that may lose an acknowledged write (no fsync before the answer): ids can
+    #: then repeat after a node's crash. For tests and trials only.
+    unsafe: bool = False
+    #: Ids one group-commit round claims at most; more waiting requests go in the next one.
+    max_batch: int = 1_000_000
+    #: Seconds between re-checks of each node while it is used (its durability settings, its
+    #: identity, the key's counter on it), besides the re-check after every failed call: a node
+    #: made unsafe (CONFIG SET) or restarted empty is left out of rounds within this time.
+    recheck: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.deadline <= 3600:
+            raise InvalidArgument(f"deadline must be in (0, 3600] seconds, not {self.deadline}")
+        if not 0 < self.round_wait <= 60:
+            raise InvalidArgument(f"round_wait must be in (0, 60] seconds, not {self.round_wait}")
+        if not 0 < self.recheck <= 3600:
+            raise InvalidArgument(f"recheck must be in (0, 3600] seconds, not {self.recheck}")
+        if not 0 < self.first_wait <= self.longest_wait <= 60:
+            raise InvalidArgument("waits must satisfy 0 < first_wait <= longest_wait <= 60")
+        check_count(self.start, what="start")
+        check_count(self.max, what="max")
+        if self.max < self.start:
+            raise InvalidArgument(f"max {self.max} is below start {self.start}")
+        check_count(self.max_batch, what="max_batch")
+
+
+@dataclass
+class NodeHealth:
+    """What the last calls to one node showed (a snapshot in QuorumStats)."""
+
+    url: str
+    up: bool | None = None  # None: not asked yet
+    counter: int = 0  # the highest counter it answered with (for the key of the snapshot)
+    last_error: str | None = None
+    last_ok_at: float | None = None  # time.time() of its last answer
+    in_flight: bool = False  # a call still runs (a slow or hung node: left out of rounds)
+    refused: str | None = None  # why it is never used (unsafe, or a duplicate of another)
+
+    def answered(self, counter: int = 0) -> None:
+        self.up, self.last_ok_at, self.last_error = True, time.time(), None
+        self.counter = max(self.counter, counter)
+
+    def failed(self, error: BaseException) -> None:
+        self.up = False
+        self.last_error = " ".join(str(error).split())[:300]
+
+
+@dataclass(frozen=True)
+class QuorumStats:
+    key: str
+    nodes: list[NodeHealth]
+    majority: int
+    ids: int  # handed out
+    rounds: int  # rounds won
+    retries: int  # rounds lost and tried again
+    burnt: int  # ids claimed on some node by a lost round: never handed out
+    requests: int  # callers served (group commit: many per round)
+    largest_batch: int
+    failures: int  # requests that ended in an error
+    last_error: str | None
+    closed: bool
 
 
 class ClaimOwner(Protocol):
@@ -139,12 +252,9 @@ class QuorumNodeSet(ForkAware):
     thread per node, and at most ROUND_THREADS threads running the keys' rounds, however many
     keys there are (a key costs its own counters and queue, nothing per node). The keys'
     rounds take turns on the nodes (`round_lock`): a round lasts at most round_wait, and a
-    multiplexed node has one claim outstanding at a time.
-
-    Checks that hold for every key run here (a node that may lose acknowledged claims, a node
-    named twice, a node with a new identity); each key checks its own counter on each node.
-    Made by Minter.quorum (one set per node list, shared by its keys) or by a QuorumCounter
-    given node objects (its own set, closed with it)."""
+    multiplexed node has one claim outstanding at a time. Made by Minter.quorum (one set per
+    node list, shared by its keys) or by a QuorumCounter given node objects (its own set,
+    closed with it); the checks that hold for every key run here (see the module doc)."""
 
     #: Threads that run the rounds of the set's keys (each a QuorumGenerator's batch). A key
     #: whose round was lost waits at random before its next one; the other threads go on

@@ -21,6 +21,9 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import NamedTuple
 
 from .._errors import (
     Closed,
@@ -35,19 +38,7 @@ from .._errors import (
 )
 from ..ids import Range, check_count, check_key_name
 from ..stores.base import RangeStore
-from .refills import RefillPool, shared_pool
-from .segment_options import GeneratorCounts, SegmentOptions, SegmentStats
-from .segment_refills import Segment, SegmentRefills
-
-# The names other modules import from here: the options and figures live in
-# segment_options.py, the buffer and its refills in segment_refills.py.
-__all__ = [
-    "MAX_BATCH",
-    "GeneratorCounts",
-    "SegmentGenerator",
-    "SegmentOptions",
-    "SegmentStats",
-]
+from .refills import RefillPool, Segment, SegmentOptions, SegmentRefills, shared_pool
 
 log = logging.getLogger("idmint.segment")
 
@@ -57,6 +48,56 @@ class _WouldBlock(Exception):
 
 
 MAX_BATCH = 1_000_000
+
+
+class GeneratorCounts(NamedTuple):
+    """A generator's running totals, read without the lock: cheap enough to read for
+    100,000 generators each second (stats() builds far more)."""
+
+    issued: int
+    refills: int
+    refill_seconds: float
+    conflicts: int
+    failing: bool  # the last refill failed
+
+
+@dataclass(frozen=True)
+class SegmentStats:
+    """A snapshot of a generator, for metrics and the dashboard.
+
+    density is issued / (taken - given_back - held): the share of the integers this generator
+    used up that became ids. Ids still held (the rest of the current range, the next one) are
+    not used up yet, so a running generator shows 1.0 unless ids were skipped; after close, a
+    tail that could not be given back counts against it.
+    """
+
+    key: str
+    issued: int
+    taken: int
+    given_back: int
+    held: int
+    current: Range | None
+    position: int | None
+    next: Range | None
+    step: int | None
+    refills: int
+    refilling: bool
+    last_refill_at: datetime | None
+    last_refill_seconds: float | None
+    refill_seconds_total: float
+    error: str | None
+    closed: bool
+    #: The stripe this generator takes ranges from, of how many (1 for a plain key; None
+    #: until the first refill read the key).
+    stripe: int = 0
+    stripes: int | None = None
+    #: Compare-and-set conflicts its allocations met (engines without row locks).
+    conflicts: int = 0
+
+    @property
+    def density(self) -> float:
+        used_up = self.taken - self.given_back - self.held
+        return self.issued / used_up if used_up else 1.0
 
 
 class SegmentGenerator(SegmentRefills):
@@ -70,8 +111,7 @@ class SegmentGenerator(SegmentRefills):
         gen.close()           # gives the unused tail back
     """
 
-    # Every slot is declared by SegmentRefills; none here keeps a __dict__ away (a server may
-    # hold 100,000 generators, see bench/keys.py).
+    # Every slot is declared by SegmentRefills (see why there); none here keeps a __dict__ away.
     __slots__ = ()
 
     def __init__(

@@ -35,8 +35,8 @@ has no TTL and only moves up; it is changed only in the Paxos round that checks 
 
 The store's clock that a lease reports is `now()` on the coordinator that answered a read.
 
-Modules: settings.py (the URL), connection.py (the driver), cas.py (cells), leases.py (worker
-ids); this one opens the engine.
+Modules: settings.py (the URL), connection.py (the driver), leases.py (worker ids); this one
+has the cells and opens the engine.
 """
 
 from __future__ import annotations
@@ -46,10 +46,62 @@ from dataclasses import replace
 from ..._errors import InvalidArgument
 from ..engine import Engine
 from ..over_cas.ranges import CasRangeStore
-from .cas import CassandraCasStore
-from .connection import Connection, import_driver
+from .connection import Capability, Connection, Unsure, import_driver, system_random
 from .leases import CassandraLeaseStore
-from .settings import Settings, parse_url
+from .settings import parse_url as parse_url  # also its public path
+
+
+def _token() -> int:
+    """A cell's new version: random, so that a write that timed out can be told apart from
+    every other writer's by reading it back, and a version never comes back (no ABA)."""
+    return system_random.getrandbits(62) + 1
+
+
+class CassandraCasStore(Capability):
+    """A CasStore on the `idmint_cells` table: every read a Paxos read, every write a
+    lightweight transaction."""
+
+    @property
+    def datacenter_local(self) -> bool:
+        """Whether its compare-and-sets are decided in one datacenter only (LOCAL_SERIAL): two
+        datacenters can then both win one swap (see DatacenterRanges)."""
+        return self._conn.settings.serial == "LOCAL_SERIAL"
+
+    def read(self, key: str) -> tuple[str, int] | None:
+        conn = self._open()
+        rows = conn.serial_read(f"SELECT value, version FROM {conn.cells} WHERE name = ?", (key,))
+        return (str(rows[0]["value"]), int(rows[0]["version"])) if rows else None
+
+    def create(self, key: str, value: str) -> bool:
+        conn = self._open()
+        token = _token()
+        make = f"INSERT INTO {conn.cells} (name, value, version) VALUES (?, ?, ?) IF NOT EXISTS"
+        try:
+            return conn.lwt([(make, (key, value, token))])[0]
+        except Unsure:
+            got = self.read(key)  # a Paxos read: it completes a write still in progress
+            if got is None:
+                raise
+            return got[1] == token
+
+    def swap(self, key: str, version: int, value: str) -> bool:
+        conn = self._open()
+        token = _token()
+        update = f"UPDATE {conn.cells} SET value = ?, version = ? WHERE name = ? IF version = ?"
+        try:
+            return conn.lwt([(update, (value, token, key, version))])[0]
+        except Unsure:
+            got = self.read(key)
+            return got is not None and got[1] == token
+
+    def scan(self, prefix: str) -> list[tuple[str, str]]:
+        """Every cell whose name starts with `prefix`: the whole table is read (at the URL's
+        consistency, not a Paxos read) and filtered here. For listing keys, not a hot path."""
+        conn = self._open()
+        rows = conn.run(f"SELECT name, value FROM {conn.cells}", ())
+        return sorted(
+            (str(r["name"]), str(r["value"])) for r in rows if str(r["name"]).startswith(prefix)
+        )
 
 
 def open_cassandra_engine(url: str, display: str, *, timeout: float) -> Engine:
@@ -84,12 +136,3 @@ def open_cassandra_engine(url: str, display: str, *, timeout: float) -> Engine:
         },
         local_cas=local_cas,
     )
-
-
-__all__ = [
-    "CassandraCasStore",
-    "CassandraLeaseStore",
-    "Settings",
-    "open_cassandra_engine",
-    "parse_url",
-]

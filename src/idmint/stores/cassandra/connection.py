@@ -1,7 +1,8 @@
 """The DataStax driver's Cluster and Session for one cassandra:// URL (`Connection`), shared by
 its engine's capabilities: connecting, the schema, prepared statements, lightweight transactions,
 Paxos reads, and driver errors mapped to StoreUnavailable (`Unsure`: a write whose outcome is
-unknown; `Contended`: a Paxos read that lost its rounds)."""
+unknown; `Contended`: a Paxos read that lost its rounds); what both capabilities share of it
+(`Capability`), and the store's identity."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 from ..._errors import DriverMissing, InvalidArgument, StoreUnavailable
 from ..._fork import ForkAware, orphan
 from .._urls import scrub
+from ..base import StoreIdentity
 from .settings import Settings
 
 T = TypeVar("T")
@@ -161,13 +163,13 @@ class Connection(ForkAware):
         if cluster is not None:
             self._shut_down(cluster)
 
-    def _shut_down(self, cluster: Any) -> None:
-        """Cluster.shutdown joins the driver's threads, which may wait on a hung node
-        (connecting, say): waited for at most the timeout, the rest goes on in the background."""
+    def _shut_down(self, cluster: Any, *, wait: bool = True) -> None:
+        """Cluster.shutdown joins the driver's threads, which may wait on a hung node (connecting,
+        say): waited for at most the timeout if `wait`, the rest goes on in the background."""
         closer = threading.Thread(target=cluster.shutdown, name="idmint-cassandra-close")
         closer.daemon = True
         closer.start()
-        closer.join(self.timeout)
+        closer.join(self.timeout if wait else 0)
 
     # -- connecting -------------------------------------------------------------------------------
 
@@ -333,9 +335,7 @@ class Connection(ForkAware):
                 return  # another thread dropped it already
             cluster, self._cluster, self._session = self._cluster, None, None
             self._prepared = {}
-        closer = threading.Thread(target=cluster.shutdown, name="idmint-cassandra-close")
-        closer.daemon = True
-        closer.start()
+        self._shut_down(cluster, wait=False)
 
     def _schema_lost(self) -> None:
         try:
@@ -435,6 +435,61 @@ class Connection(ForkAware):
             text = f"no answer within {self.timeout:g} s"
         kind = Unsure if unsure else Contended if contended else StoreUnavailable
         return kind(f"store {self.display_url} unavailable: {name}: {scrub(text, self._url)}")
+
+
+class Capability:
+    """What both capabilities share: the engine's one connection, and a close that leaves it to
+    the others (and is safe to repeat)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.display_url = conn.display_url
+        self._closed = False
+        self._close_lock = threading.Lock()
+        conn.join()
+
+    def _open(self) -> Connection:
+        if self._closed:
+            raise StoreUnavailable(f"store {self.display_url} is closed")
+        return self._conn
+
+    def init(self) -> None:
+        self._open().init()
+        self.identity()
+
+    def identity(self) -> StoreIdentity | None:
+        return store_identity(self._open(), create=True)
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._conn.leave()
+
+
+def store_identity(conn: Connection, *, create: bool) -> StoreIdentity | None:
+    """The store's identity, made if it is missing and `create`: a UUID and the coordinator's
+    clock when it was made.
+
+    Not a Paxos read: every acquire reads it, and Paxos reads of one partition contend with each
+    other. A row written once by a lightweight transaction is seen by a quorum read once it is
+    committed; one still in progress is completed by the `IF NOT EXISTS` that finds it."""
+    read = f"SELECT id, created_ms FROM {conn.meta} WHERE name = ?"
+    rows = conn.run(read, ("store",))
+    if rows:
+        return StoreIdentity(str(rows[0]["id"]), int(rows[0]["created_ms"]))
+    if not create:
+        return None
+    made_id, made_ms = uuid.uuid4().hex, conn.clock_ms()
+    make = f"INSERT INTO {conn.meta} (name, id, created_ms) VALUES (?, ?, ?) IF NOT EXISTS"
+    try:
+        applied, row = conn.lwt([(make, ("store", made_id, made_ms))])
+    except Unsure:  # ours or another's: the read says which
+        return store_identity(conn, create=False) or store_identity(conn, create=True)
+    if applied:
+        return StoreIdentity(made_id, made_ms)
+    return StoreIdentity(str(row["id"]), int(row["created_ms"]))
 
 
 def uuid_ms(value: uuid.UUID) -> int:

@@ -1,6 +1,5 @@
 """Worker-id leases on Cassandra, by the protocol of lease_protocol.py, on the `idmint_leases`
-table (see the package's doc): each worker id of a namespace a partition of its own, the ids a
-namespace has used listed in `idmint_worker_ids`.
+and `idmint_worker_ids` tables (see the package's doc for their layout).
 
 A take is one conditional batch on the id's partition: `lease` (with a TTL) set only while it is
 null and the horizon is as read (and, for a lease the store chose, the id is not reserved),
@@ -19,8 +18,7 @@ from typing import Any
 from ..._errors import InvalidArgument
 from ..base import Lease, WorkerInfo
 from ..lease_protocol import FencedLeases, Found, Request, Taken
-from .cas import Capability, store_identity
-from .connection import Connection, Unsure, back_off, uuid_ms
+from .connection import Capability, Connection, Unsure, back_off, store_identity, uuid_ms
 
 SCAN_CHUNK = 100  # worker ids read in one request (IN on the partition key)
 

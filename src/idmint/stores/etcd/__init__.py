@@ -1,6 +1,6 @@
 """Worker-id leases (leases.py) and compare-and-set cells (hence segment keys, see
-over_cas/ranges.py) on etcd, through its v3 JSON gateway (plain HTTP, kept-alive connections:
-http.py), one client for both (client.py).
+over_cas/ranges.py) on etcd, through its v3 JSON gateway (plain HTTP, kept-alive connections),
+one client for both (client.py).
 
 Keys, under the URL's prefix (default "idmint"): the leases' `w/`, `h/` and `s/` (see
 leases.py), the store's identity `meta` (client.py), and `c/{key}`, a compare-and-set cell (see

@@ -80,7 +80,7 @@ class _Acquisition:
 
     def __init__(self, store: EtcdLeaseStore, request: Request) -> None:
         self._store, self._request = store, request
-        self._identity, self._meta_revision = store._meta()
+        self._identity, self._meta_revision = store._etcd.meta()
         self._answer: Json | None = None
         self.lease_id = ""
 
@@ -98,7 +98,7 @@ class _Acquisition:
             try:
                 granted = store._call("lease/grant", {"TTL": max(1, math.ceil(request.ttl))})
             except EtcdError as exc:
-                raise store._unavailable(str(exc)) from None
+                raise store._etcd.unavailable(str(exc)) from None
             self.lease_id = str(granted["ID"])
         floor, _, mod = _horizon(table.horizons.get(worker_id))
         horizon = max(floor, horizon_ms)
@@ -128,7 +128,7 @@ class _Acquisition:
         return Taken(
             floor,
             horizon,
-            store_ms=store._last_date_ms(),
+            store_ms=store._etcd.last_date_ms(),
             store_ms_step=DATE_STEP_MS,
             identity=self._identity,
         )
@@ -160,9 +160,6 @@ class EtcdLeaseStore(ForkAware, FencedLeases):
         self._check_fork()
         return self._etcd.txn(compare, success, failure)
 
-    def _unavailable(self, why: str) -> StoreUnavailable:
-        return self._etcd.unavailable(why)
-
     def _lease_call(self, path: str, lease_id: str) -> Json | None:
         """A /v3/lease/ call; None when etcd says the lease does not exist."""
         try:
@@ -170,10 +167,7 @@ class EtcdLeaseStore(ForkAware, FencedLeases):
         except EtcdError as exc:
             if "not found" in str(exc):
                 return None
-            raise self._unavailable(str(exc)) from None
-
-    def _last_date_ms(self) -> int | None:
-        return self._etcd.last_date_ms()
+            raise self._etcd.unavailable(str(exc)) from None
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -193,11 +187,8 @@ class EtcdLeaseStore(ForkAware, FencedLeases):
             found.append({int(unb64(kv["key"])[len(prefix) :]): kv for kv in kvs_of(response)})
         return _Table(found[0], found[1], set(found[2]))
 
-    def _meta(self) -> tuple[StoreIdentity, str]:
-        return self._etcd.meta()
-
     def identity(self) -> StoreIdentity | None:
-        return self._meta()[0]
+        return self._etcd.meta()[0]
 
     # -- the protocol's primitives -----------------------------------------------------------
 
@@ -245,7 +236,7 @@ class EtcdLeaseStore(ForkAware, FencedLeases):
         return replace(
             lease,
             horizon_ms=horizon,
-            store_ms=self._last_date_ms(),
+            store_ms=self._etcd.last_date_ms(),
             store_ms_step=DATE_STEP_MS,
             store_id=store_id,
         )

@@ -3,12 +3,11 @@ new engine gets for nothing once it has cells (docs/design.md, "How to add an en
 engines idmint ships keep their own lease stores, which do it in fewer round trips with what
 each does better (a TTL, one statement, a Lua script) and whose layouts deployed stores hold.
 
-One cell per worker id of a namespace, `worker/{namespace}/{id}`, holding its holder, when
-the lease expires by the store's clock, its horizon and whether it is reserved for a static
-holder. Every change is one swap of that cell against the version read, so two acquirers of
-one id cannot both win, and a renewal that lost the id finds another owner there. Expiry is
-judged by `now_ms`, the store's clock: it must be one clock for every process (the engine's
-server clock, or the host's own for an engine that lives on one host), never each caller's.
+One cell per worker id of a namespace, `worker/{namespace}/{id}`, holding its `Slot`. Every
+change is one swap of that cell against the version read, so two acquirers of one id cannot
+both win, and a renewal that lost the id finds another owner there. Expiry is judged by
+`now_ms`, the store's clock: one clock for every process (the engine's server clock, or the
+host's own for an engine that lives on one host), never each caller's.
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ ONE_CELL = Backoff()
 
 @dataclass(frozen=True)
 class Slot:
-    """A worker id's cell. `owner` is "" when nobody holds it."""
+    """A worker id's cell: its holder ("" when none), when the lease expires by the store's
+    clock, its horizon, and whether it is reserved for a static holder."""
 
     owner: str = ""
     host: str = ""
@@ -158,12 +158,13 @@ class CasLeaseStore(FencedLeases):
         )
         if not self._write(lease.namespace, lease.worker_id, version, renewed):
             return Found(True, slot.horizon_ms)  # changed since the read: read again
+        identity = self._cas.identity()
         return replace(
             lease,
             horizon_ms=renewed.horizon_ms,
             store_ms=now,
             store_ms_step=self._clock_step,
-            store_id=_id(self._cas.identity()),
+            store_id=identity.id if identity is not None else None,
         )
 
     def _free(self, lease: Lease, horizon_ms: int | None) -> None:
@@ -204,8 +205,7 @@ class CasLeaseStore(FencedLeases):
                 return None, None, False
             return found[1], _dump(replace(found[0], static=False)), True
 
-        done, _ = cas_update(self._cas, key, attempt, ONE_CELL, "unreserve")
-        return done
+        return cas_update(self._cas, key, attempt, ONE_CELL, "unreserve")[0]
 
     def identity(self) -> StoreIdentity | None:
         return self._cas.identity()
@@ -216,7 +216,3 @@ class CasLeaseStore(FencedLeases):
 
 def _dump(slot: Slot) -> str:
     return json.dumps(asdict(slot), separators=(",", ":"))
-
-
-def _id(identity: StoreIdentity | None) -> str | None:
-    return identity.id if identity is not None else None

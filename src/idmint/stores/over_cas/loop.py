@@ -2,10 +2,9 @@
 back off and read again. Ranges over cells (over_cas/ranges.py) and datacenter keys
 (strategies/datacenter.py) both loop with it; it knows no cell format.
 
-The back-off is Broadcast's, made stricter: a random first wait, multiplied by the attempt,
-until a deadline, then StoreUnavailable. Random first waits keep clients that collided from
-colliding again in lockstep; growing waits keep a crowd from burning the engine's capacity on
-conflicts.
+The back-off is Broadcast's, made stricter (see Backoff): random first waits keep clients that
+collided from colliding again in lockstep; growing waits keep a crowd from burning the
+engine's capacity on conflicts.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Segment keys on any CasStore: the range store of every engine that is not SQL (and of SQL
-ones too, when asked: `open_engine(url).cas_ranges()`).
+ones too, over their cells: `CasRangeStore(engine.cas())`).
 
 Each key is one cell, `key/NAME`, holding stripe 0's counter and the key's settings as JSON; a
 striped key keeps stripe k's counter in its own cell, `key/NAME#k`, so stripes never contend
-with each other (Broadcast's lock striping). An allocation reads its stripe's cell and swaps
-in the counter moved past the range; when another process swapped first it backs off and
-reads again (over_cas/loop.py: Broadcast's back-off, made stricter).
-
+(Broadcast's lock striping). An allocation swaps its stripe's cell to the counter moved past
+the range, backing off and reading again when another process swapped first (over_cas/loop.py).
 A stripe's cell is made with the key; if that was cut short (a crash between the cells), the
 first allocation on the stripe makes it from the key's cell, so there is one way to make it.
 """
@@ -213,7 +211,7 @@ class CasRangeStore:
         if key.stripes == 1:
             return key
         rows = [key] + [self._read_stripe(name, s)[0] for s in range(1, key.stripes)]
-        return _with_stripes(key, rows)
+        return with_stripes(key, rows)
 
     def list_keys(self) -> list[Key]:
         keys: dict[str, Key] = {}
@@ -234,7 +232,7 @@ class CasRangeStore:
                 rows = [key] + [
                     have.get(s) or _first_row(key, origins[name], s) for s in range(1, key.stripes)
                 ]
-                key = _with_stripes(key, rows)
+                key = with_stripes(key, rows)
             shown.append(key)
         return shown
 
@@ -308,6 +306,7 @@ def _first_row(key: Key, origin: int, stripe: int) -> Key:
     return replace(row, first_id=floor, max_id=floor, updated_at=_now())
 
 
-def _with_stripes(key: Key, rows: list[Key]) -> Key:
-    """Stripe 0's row showing where every stripe's next range starts."""
+def with_stripes(key: Key, rows: list[Key]) -> Key:
+    """Stripe 0's row showing where every stripe's next range starts (`rows`: every stripe's,
+    stripe 0's first)."""
     return replace(key, stripe_next=tuple(max(r.max_id, r.first_id) for r in rows))

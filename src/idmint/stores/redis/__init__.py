@@ -33,9 +33,8 @@ from .._urls import ENCODE_HINT, misplaced_at, scrub
 from ..engine import Engine
 from ..over_cas.ranges import CasRangeStore
 from ..replication import FAILOVER_GAP_PARAMETER, UNSAFE_REPLICATION, failover_gap
-from .cas import RedisCasStore
-from .client import RedisErrors
-from .client import weak_persistence as weak_persistence  # its public path, kept
+from .cas import RedisCasStore, RedisErrors
+from .cas import weak_persistence as weak_persistence  # its public path, kept
 from .leases import RedisLeaseStore
 from .quorum import RedisQuorumNode
 

@@ -1,32 +1,78 @@
-"""Compare-and-set cells on Redis: `{prefix}:c:{key}` and the index `{prefix}:cells`."""
+"""Compare-and-set cells on Redis: `{prefix}:c:{key}` and the index `{prefix}:cells`; and what
+the engine's other modules share of them (leases.py, quorum.py: quorum nodes over the cells'
+connections): the driver's exception classes, the reading of a server's persistence settings,
+and the identity and swap scripts."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, cast
 
-from ..._errors import (
-    InvalidArgument,
-    StoreUnavailable,
-)
+from ..._errors import InvalidArgument, StoreUnavailable
 from .._once import Once
 from ..base import StoreIdentity
-from ..replication import (
-    FAILOVER_GAP,
-    ReplicationState,
-    redis_state,
-)
-from .client import RedisErrors
+from ..replication import FAILOVER_GAP, ReplicationState, redis_state
 from .failover import RedisFailover, guarded
 
 if TYPE_CHECKING:
     import redis as redis_py
 
-from .client import META_SCRIPT, SWAP_SCRIPT, weak_persistence
-
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RedisErrors:
+    """redis-py's exception classes (the driver is imported only when a redis:// URL is opened)."""
+
+    any: type[Exception]  # RedisError: every failure of the store
+    broken: type[Exception]  # ConnectionError: the connection broke, or could not be made
+    timeout: type[Exception]  # TimeoutError: no answer within the socket timeout
+
+
+def weak_persistence(config: dict[str, str]) -> str | None:
+    """What in a Redis server's CONFIG GET answer can lose a write it already confirmed (a
+    crash then forgets a swap that answered True, and the ranges after it are handed out
+    again); None when it fsyncs every write before answering."""
+    if "appendonly" not in config:  # not an answer about persistence (a proxy?): no opinion
+        return None
+    problems = []
+    if config.get("appendonly") != "yes":
+        problems.append(f"appendonly {config.get('appendonly', '?')}")
+    elif config.get("appendfsync") != "always":
+        problems.append(f"appendfsync {config.get('appendfsync', '?')}")
+    if config.get("appendonly") == "yes" and config.get("no-appendfsync-on-rewrite") == "yes":
+        problems.append("no-appendfsync-on-rewrite yes")
+    return ", ".join(problems) or None
+
+
+# Every script that answers reads the server's clock (TIME) last, after its writes: scripts
+# replicated as scripts (Redis before 7) may not write after a non-deterministic command.
+
+# Makes {prefix}:meta, the store's identity, if it is missing (a new or wiped Redis): ARGV[1]
+# is a fresh UUID, the creation time is Redis's TIME. Returns {id, created_ms}. TIME comes
+# before a write here: replicate the script's effects, not its text (the default from Redis 5).
+META_SCRIPT = """
+if redis.replicate_commands then redis.replicate_commands() end
+local meta = KEYS[1]
+if redis.call('EXISTS', meta) == 0 then
+    local now = redis.call('TIME')
+    local ms = now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000))
+    redis.call('HSET', meta, 'id', ARGV[1], 'created_ms', ms)
+end
+return redis.call('HMGET', meta, 'id', 'created_ms')
+"""
+
+# A cell's compare-and-set (the lease store's failover fence moves cells with it too).
+# KEYS: the cell. ARGV: the version as read, the new value. The new version, or 0 when the
+# cell is gone or has another version. Versions are compared as the strings HINCRBY wrote.
+SWAP_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'value', ARGV[2])
+return redis.call('HINCRBY', KEYS[1], 'version', 1)
+"""
 
 # Compare-and-set cells: {prefix}:c:{key}, a hash of `value` and `version` (a per-cell counter,
 # from 1), and {prefix}:cells, a sorted set of every cell's key (all scores 0, so ZRANGEBYLEX
@@ -64,13 +110,12 @@ _warned = Once()  # the stores whose weak persistence was logged
 class RedisCasStore:
     """A CasStore on one Redis server (or a primary), under the URL's key prefix.
 
-    Each call is one command or one Lua script, atomic on the server. A cell's change is as
-    durable as the server's persistence makes it: with `appendonly yes` and `appendfsync
-    always`, Redis writes and fsyncs its append-only file before it answers; with anything
-    weaker a crash can forget a swap that answered True, and ids repeat. So before its first
-    write the store asks CONFIG GET, and refuses to write (InvalidArgument, naming the settings)
-    on weaker persistence unless the URL accepts it (`?unsafe=1`: then a warning, once per
-    process); a server that refuses CONFIG GET (ACLs, a managed Redis) is taken on trust.
+    Each call is one command or one Lua script, atomic on the server. Only with `appendonly yes`
+    and `appendfsync always` does Redis fsync a change before it answers; with anything weaker
+    a crash can forget a swap that answered True, and ids repeat. So before its first write the
+    store asks CONFIG GET, and refuses to write (InvalidArgument, naming the settings) on weaker
+    persistence unless the URL accepts it (`?unsafe=1`: then a warning, once per process); a
+    server that refuses CONFIG GET (ACLs, a managed Redis) is taken on trust.
     """
 
     def __init__(

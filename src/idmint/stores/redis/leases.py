@@ -1,6 +1,5 @@
-"""Worker-id leases on Redis (see the engine's doc in __init__.py for the keys): every
-multi-step operation one Lua script, atomic on the server; expiry by the lease key's TTL,
-so Redis's clock judges it. The worker-choice rule's Lua copy is checked against
+"""Worker-id leases on Redis (the keys, and why each operation is one Lua script: the engine's
+doc in __init__.py). The worker-choice rule's Lua copy is checked against
 `leasing.choose_worker` by tests/test_leasing.py."""
 
 from __future__ import annotations
@@ -16,12 +15,11 @@ from ...ids import is_digits
 from ..base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from ..leasing import holder_name
 from ..replication import FAILOVER_GAP
+from .cas import META_SCRIPT, SWAP_SCRIPT
 from .failover import RedisFailover, guarded
 
 if TYPE_CHECKING:
     import redis as redis_py
-
-from .client import META_SCRIPT, SWAP_SCRIPT
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 from ..._errors import StoreUnavailable
 from ..._fork import orphan
 from ..base import StoreIdentity
-from .client import RedisCells, weak_persistence
+from .cas import RedisCasStore, weak_persistence
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ class RedisQuorumNode:
     read): the client's command path (pool, retry, script objects) costs three times the CPU,
     and a quorum round makes one claim per node."""
 
-    def __init__(self, cells: RedisCells) -> None:
+    def __init__(self, cells: RedisCasStore) -> None:
         self.display_url = cells.display_url
         self._cells = cells
         self._client: Any = cells._client

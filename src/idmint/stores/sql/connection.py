@@ -1,8 +1,9 @@
-"""One SQL connection, used under a lock, made again after a failure; every operation one
-transaction. Every connection runs in autocommit mode and each operation is one explicit
-transaction (`BEGIN ... COMMIT`), so the code path is the same on every engine. One
-connection per store object: allocations are rare (one per range), so there is nothing to
-gain from a pool, and one connection keeps the number of server sessions predictable.
+"""The SQL engines' schema, the `Dialect` each engine's module supplies (what differs between
+engines; the statements are shared), and `SqlConnection`: one connection per store object,
+used under a lock, made again after a failure. Every connection runs in autocommit mode and
+each operation is one explicit transaction (`BEGIN ... COMMIT`), so the code path is the same
+on every engine. No pool: allocations are rare (one per range), and one connection keeps the
+number of server sessions predictable.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -20,21 +22,118 @@ from ..._fork import ForkAware, orphan
 from .. import fences
 from .._once import Once
 from ..base import StoreIdentity
-from ..replication import (
-    REPLICA,
-    UNSAFE_REPLICATION,
-    ReplicationState,
-    note_failover,
+from ..replication import FAILOVER_GAP, REPLICA, UNSAFE_REPLICATION, ReplicationState, note_failover
+
+TABLE = "idmint_keys"
+INSERT_COLUMNS = "name, max_id, step, first_id, last_id, description, updated_at, stripes"
+COLUMNS = INSERT_COLUMNS + ", max_batch"
+
+# Stripes 1 to n - 1 of a striped key (stripe 0 is the key's own row): the same counter
+# columns, so one allocation statement serves both tables.
+STRIPES_TABLE = "idmint_stripes"
+STRIPE_COLUMNS = "name, max_id, step, first_id, last_id, stripes, stripe"
+
+CELLS_TABLE = "idmint_cells"  # compare-and-set cells (sql/cells.py)
+QUORUM_TABLE = "idmint_quorum"  # quorum keys' counters on a quorum node (sql/cells.py)
+
+# Columns added after a table may have been made: (table, column, definition). A table made by
+# an older version gains each missing one when a connection is made (see _add_columns).
+ADDED_COLUMNS = (
+    (TABLE, "max_batch", "BIGINT NOT NULL DEFAULT 0"),
+    (TABLE, "stripes", "INTEGER NOT NULL DEFAULT 1"),
 )
-from .schema import (
-    ADDED_COLUMNS,
-    CELLS_TABLE,
-    COMMON_SCHEMA,
-    META_TABLE,
-    STRIPES_TABLE,
-    TABLE,
-    Dialect,
+
+# Written with the schema, on every engine: the store's identity (see StoreIdentity), and the
+# worker ids reserved for static holders. Plain types every engine reads the same way.
+META_TABLE = "idmint_meta"
+RESERVED_TABLE = "idmint_reserved_workers"
+COMMON_SCHEMA = (
+    f"""CREATE TABLE IF NOT EXISTS {META_TABLE} (
+    name       VARCHAR(64)  NOT NULL PRIMARY KEY,
+    value      VARCHAR(255) NOT NULL,
+    created_ms BIGINT       NOT NULL
+)""",
+    f"""CREATE TABLE IF NOT EXISTS {RESERVED_TABLE} (
+    namespace VARCHAR(128) NOT NULL,
+    worker_id INTEGER      NOT NULL,
+    PRIMARY KEY (namespace, worker_id)
+)""",
+    f"""CREATE TABLE IF NOT EXISTS {STRIPES_TABLE} (
+    name     VARCHAR(128) NOT NULL,
+    stripe   INTEGER      NOT NULL,
+    max_id   BIGINT       NOT NULL,
+    step     BIGINT       NOT NULL,
+    first_id BIGINT       NOT NULL,
+    last_id  BIGINT       NOT NULL,
+    stripes  INTEGER      NOT NULL,
+    PRIMARY KEY (name, stripe)
+)""",
+    f"""CREATE TABLE IF NOT EXISTS {CELLS_TABLE} (
+    name    VARCHAR(255) NOT NULL PRIMARY KEY,
+    value   TEXT         NOT NULL,
+    version BIGINT       NOT NULL
+)""",
+    f"""CREATE TABLE IF NOT EXISTS {QUORUM_TABLE} (
+    name    VARCHAR(128) NOT NULL PRIMARY KEY,
+    counter BIGINT       NOT NULL
+)""",
 )
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between SQL engines."""
+
+    connect: Callable[[], Any]
+    #: CREATE TABLE IF NOT EXISTS statements, run on every new connection.
+    schema: Sequence[str]
+    #: SQL expression for the store's current time in Unix milliseconds (lease expiry).
+    now_ms: str
+    #: Statement that opens a transaction holding the row locks we need.
+    begin: str = "BEGIN"
+    #: Suffix that locks the selected row until commit ("" where `begin` already locks).
+    for_update: str = " FOR UPDATE"
+    #: SQL expression for the current UTC time.
+    now: str = "CURRENT_TIMESTAMP"
+    #: The driver's parameter marker.
+    param: str = "?"
+    #: Driver exceptions that mean "cannot reach or use the store now" (connection lost,
+    #: server shutting down, lock wait timeout): reported as StoreUnavailable.
+    unavailable: tuple[type[BaseException], ...] = ()
+    #: Driver exceptions raised by a duplicate primary key.
+    duplicate: tuple[type[BaseException], ...] = ()
+    #: Statements run once on every new connection.
+    on_connect: Sequence[str] = ()
+    #: The engine's two-argument maximum.
+    greatest: str = "GREATEST"
+    #: UPDATE ... RETURNING: then a whole range is taken in one statement, one round trip
+    #: (see SqlRangeStore.allocate).
+    returning: bool = False
+    #: Why a commit the server acknowledged might not survive its crash (settings that skip
+    #: the fsync), read with a cursor; None when commits are durable.
+    durability: Callable[[Any], str | None] = field(default=lambda cur: None, repr=False)
+    #: The server's replication (role, lineage, replicas, what a commit waits for), read with
+    #: a cursor; None for an engine without replication (SQLite).
+    replication: Callable[[Any], ReplicationState | None] = field(
+        default=lambda cur: None, repr=False
+    )
+    #: What makes a commit wait for the replicas, in the engine's settings (for messages).
+    replication_hint: str = ""
+    #: Accept a primary whose writes do not wait for every replica (the URL says so).
+    unsafe_replication: bool = False
+    #: Ids every key skips when a failover is fenced (the URL's failover_gap).
+    failover_gap: int = FAILOVER_GAP
+    #: After each commit on a primary whose commits wait for replicas, when the engine may
+    #: answer a commit they did not acknowledge (MySQL's semi-sync fallback): (cursor, what
+    #: it returned last time or None) -> (its mark now, why the commit may not be on a
+    #: replica or None). None for engines that never answer early (PostgreSQL).
+    confirm_commit: Callable[[Any, str | None], tuple[str | None, str | None]] | None = field(
+        default=None, repr=False
+    )
+    #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
+    #: the URL: not in the repr, which a debugger or an error tracker may show.
+    scrub: Callable[[str], str] = field(default=str, repr=False)
+
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +142,11 @@ LINEAGE = "lineage"
 _warned = Once()  # stores whose unsafe replication was logged
 
 T = TypeVar("T")
+
+
+def _text(name: Any) -> str:
+    """A name as read: MySQL's (a byte string column, see mysql.py) comes as bytes."""
+    return name.decode() if isinstance(name, bytes | bytearray) else str(name)
 
 
 def _as_datetime(value: object) -> datetime | None:
@@ -55,8 +159,8 @@ def _as_datetime(value: object) -> datetime | None:
 
 
 class SqlConnection(ForkAware):
-    """One connection, used under a lock, made again after a failure; every operation one
-    transaction (or one statement), driver errors mapped to idmint's."""
+    """One connection (see the module doc); every operation one transaction (or one
+    statement), driver errors mapped to idmint's."""
 
     def __init__(self, dialect: Dialect, display_url: str) -> None:
         self.display_url = display_url
@@ -112,7 +216,8 @@ class SqlConnection(ForkAware):
                 if confirm is not None and not self._dialect.unsafe_replication:
                     self._commit_mark, _ = confirm(cur, None)  # None: nothing to confirm
                 self._confirming = self._commit_mark is not None
-                self._identity = self._read_identity(cur)  # after a fence: its new life
+                # Made by the first connection ever (see _meta_row); after a fence: its new life.
+                self._identity = StoreIdentity(*self._meta_row(cur, "store", uuid.uuid4().hex))
             except BaseException:
                 conn.close()
                 raise
@@ -183,8 +288,8 @@ class SqlConnection(ForkAware):
         stripe moves up the gap (the URL's failover_gap, FAILOVER_GAP by default; never past
         one above its maximum: a bounded key may end spent), and the store's life starts again
         (its identity's created_ms: snowflake holders then wait a ttl). The promoted replica
-        may lack the old primary's last ranges and lease renewals; ids handed out from them
-        must not come again. False if another process fenced first."""
+        may lack the old primary's last ranges, lease renewals and new leases; ids handed out
+        under them must not come again. False if another process fenced first."""
         p = self._dialect.param
         cur.execute(self._dialect.begin)
         try:
@@ -203,8 +308,6 @@ class SqlConnection(ForkAware):
                     (self._dialect.failover_gap,),
                 )
             self._fence_cells(cur)
-            # The store's life starts again: snowflake holders wait a ttl past it (the old
-            # primary may have renewed leases the new one never saw, or made new ones).
             cur.execute(
                 f"UPDATE {META_TABLE} SET created_ms = {self._dialect.now_ms} WHERE name = {p}",
                 ("store",),
@@ -234,8 +337,7 @@ class SqlConnection(ForkAware):
             return
         cur.execute(f"SELECT name, value FROM {CELLS_TABLE}")
         for raw, value in cur.fetchall():
-            name = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
-            up = fences.fenced(name, str(value), gap)
+            up = fences.fenced(_text(raw), str(value), gap)
             if up is not None and up != value:
                 cur.execute(
                     f"UPDATE {CELLS_TABLE} SET value = {p}, version = version + 1 WHERE name = {p}",
@@ -262,12 +364,6 @@ class SqlConnection(ForkAware):
                 if column not in columns(table):  # not the race: a real failure
                     raise
 
-    def _read_identity(self, cur: Any) -> StoreIdentity:
-        """The store's identity, made by the first connection ever (the others lose the race
-        to insert it, and read the winner's)."""
-        value, created_ms = self._meta_row(cur, "store", uuid.uuid4().hex)
-        return StoreIdentity(value, created_ms)
-
     def _meta_row(self, cur: Any, name: str, first: str) -> tuple[str, int]:
         """(value, created_ms) of idmint_meta row `name`, made with `first` if there is none
         (of processes racing to make it, one insert wins and every one reads the winner's)."""
@@ -290,9 +386,12 @@ class SqlConnection(ForkAware):
         """The server's replication as it is now (see stores/replication.py)."""
         return self._run(self._dialect.replication, transaction=False)
 
+    def init(self) -> None:
+        self._run(lambda cur: None, transaction=False)  # connecting creates the tables
+
     def identity(self) -> StoreIdentity | None:
         """The store's identity, as read by the current connection (connecting if needed)."""
-        self._run(lambda cur: None, transaction=False)
+        self.init()
         return self._identity
 
     def _drop_connection(self) -> None:
@@ -327,10 +426,5 @@ class SqlConnection(ForkAware):
                 raise
             except self._dialect.unavailable as exc:
                 self._drop_connection()
-                why = self._dialect.scrub(_one_line(exc))
+                why = self._dialect.scrub(" ".join(str(exc).split()) or type(exc).__name__)
                 raise StoreUnavailable(f"store {self.display_url} unavailable: {why}") from exc
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__

@@ -1,15 +1,12 @@
-"""Worker-id leases on the SQL engines: one row per (namespace, worker id).
+"""Worker-id leases on the SQL engines (the protocol is lease_protocol.py's; this module is its
+statements): one row per (namespace, worker id), never deleted, whose `horizon_ms` only moves
+up and is the next holder's floor. Expiry is judged by the database's clock (`Dialect.now_ms`),
+the one clock every holder shares.
 
-Expiry is judged by the database's clock (`Dialect.now_ms`), the one clock every holder shares.
-A row is never deleted: its `horizon_ms` (the highest timestamp any holder of that id may
-issue) only moves up and is the next holder's floor.
-
-Acquire locks only the row it takes, and only for one statement: it reads the namespace's rows
-without a lock, then takes one free row with a compare-and-set UPDATE (it matches only while
-the row is exactly as read) or inserts a new one, retrying when another process got there
-first. A process paused in the middle of an acquire holds no lock, so other holders' renewals
-never wait behind it. The protocol itself is lease_protocol.py's; this module is its
-statements.
+Acquire locks only the row it takes, for one statement: it reads the namespace's rows without a
+lock, then takes one free row with a compare-and-set UPDATE (it matches only while the row is
+exactly as read) or inserts a new one, retrying when another process got there first. A
+process paused in the middle of an acquire holds no lock: renewals never wait behind it.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ from ..._errors import LeaseLost
 from ..base import Lease, WorkerInfo
 from ..lease_protocol import LOST, FencedLeases, Found, Request, Taken
 from ..leasing import HOLDER_NAME_MAX
-from .connection import SqlConnection
-from .schema import RESERVED_TABLE, Dialect
+from .connection import RESERVED_TABLE, Dialect, SqlConnection
 
 WORKERS_TABLE = "idmint_workers"
 CREATE_WORKERS_TABLE = f"""

@@ -21,9 +21,9 @@ from ..replication import (
     semi_sync_fields,
     take_replication_parameters,
 )
-from .engine import sql_engine
+from . import sql_engine
+from .connection import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
 from .leases import CREATE_WORKERS_TABLE
-from .schema import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -186,7 +186,7 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             client_flag=pymysql.constants.CLIENT.FOUND_ROWS,
         )
 
-    dialect = Dialect(
+    return Dialect(
         connect=connect,
         schema=(CREATE_TABLE, CREATE_WORKERS_TABLE, CREATE_CELLS_TABLE, CREATE_QUORUM_TABLE),
         durability=durability,
@@ -206,7 +206,6 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         duplicate=(pymysql.err.IntegrityError,),
         on_connect=("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",),
     )
-    return dialect
 
 
 def open_mysql_engine(url: str, display: str, *, timeout: float) -> Engine:

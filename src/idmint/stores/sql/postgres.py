@@ -29,9 +29,9 @@ from ..replication import (
     postgres_state,
     take_replication_parameters,
 )
-from .engine import sql_engine
+from . import sql_engine
+from .connection import TABLE, Dialect
 from .leases import CREATE_WORKERS_TABLE
-from .schema import TABLE, Dialect
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -212,11 +212,10 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             conn.close()
             raise
 
-    dialect = Dialect(
+    return Dialect(
         connect=connect,
         schema=(CREATE_TABLE, CREATE_WORKERS_TABLE),
         now_ms="CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
-        begin="BEGIN",
         now="now()",
         param="%s",
         unavailable=(
@@ -249,7 +248,6 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             f" '{max(1000, _ms(2 * timeout))}', false)",
         ),
     )
-    return dialect
 
 
 def open_postgres_engine(url: str, display: str, *, timeout: float) -> Engine:

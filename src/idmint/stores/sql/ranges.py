@@ -5,7 +5,6 @@ allows (see SqlRangeStore.allocate).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from ..._errors import KeyExists, KeyNotFound
@@ -20,8 +19,17 @@ from ...ids import (
     raised_floor,
     stripe_row,
 )
-from .connection import SqlConnection, _as_datetime
-from .schema import COLUMNS, INSERT_COLUMNS, STRIPE_COLUMNS, STRIPES_TABLE, TABLE, Dialect
+from ..over_cas.ranges import with_stripes
+from .connection import (
+    COLUMNS,
+    INSERT_COLUMNS,
+    STRIPE_COLUMNS,
+    STRIPES_TABLE,
+    TABLE,
+    Dialect,
+    SqlConnection,
+    _as_datetime,
+)
 
 
 class _Counter:
@@ -100,12 +108,9 @@ class SqlRangeStore(SqlConnection):
         if key.stripes == 1:
             return key
         cur.execute(self._lock_stripes if lock else self._select_stripes, (name,))
-        return _with_stripes(key, [_stripe_to_key(row) for row in cur.fetchall()])
+        return with_stripes(key, [key, *map(_stripe_to_key, cur.fetchall())])
 
     # -- the RangeStore protocol -------------------------------------------------------------
-
-    def init(self) -> None:
-        self._run(lambda cur: None, transaction=False)  # connecting creates the table
 
     def add_key(
         self,
@@ -149,7 +154,7 @@ class SqlRangeStore(SqlConnection):
             for row in sorted(map(_stripe_to_key, cur.fetchall()), key=lambda r: r.stripe):
                 stripes.setdefault(row.name, []).append(row)
             return [
-                _with_stripes(key, stripes.get(key.name, [])) if key.stripes > 1 else key
+                with_stripes(key, [key, *stripes.get(key.name, [])]) if key.stripes > 1 else key
                 for key in keys
             ]
 
@@ -217,8 +222,6 @@ class SqlRangeStore(SqlConnection):
         return self._run(body)
 
     def set_max_batch(self, name: str, max_batch: int) -> Key:
-        """Set the most ids one request may take over HTTP (0: the default rule)."""
-
         def body(cur: Any) -> Key:
             self._row(cur, name, lock=True)  # KeyNotFound
             cur.execute(self._set_max_batch, (max_batch, name))
@@ -253,9 +256,3 @@ def _stripe_to_key(row: Sequence[Any]) -> Key:
         stripes=int(stripes),
         stripe=int(stripe),
     )
-
-
-def _with_stripes(key: Key, stripes: list[Key]) -> Key:
-    """The key's row showing where every stripe's next range starts (stripe 0 is the key)."""
-    rows = [key, *stripes]
-    return replace(key, stripe_next=tuple(max(r.max_id, r.first_id) for r in rows))

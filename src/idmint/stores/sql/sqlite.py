@@ -3,11 +3,8 @@
 `BEGIN IMMEDIATE` takes the database's write lock before reading the counter, so two processes
 can never read the same `max_id`; other writers wait up to the busy timeout. WAL lets readers
 (`keys list`) proceed meanwhile, and `synchronous=FULL` makes every commit durable before it
-returns, so a power cut cannot roll a counter back under ids already served.
-
-Switching a new file to WAL can fail with SQLITE_BUSY at once, without the busy handler, while
-another process does the same; `connect` retries it with a short jittered back-off, for at most
-the store timeout.
+returns, so a power cut cannot roll a counter back under ids already served. (Switching a new
+file to WAL needs retries of its own: see set_wal.)
 """
 
 from __future__ import annotations
@@ -20,9 +17,9 @@ from pathlib import Path
 from ..._errors import InvalidArgument
 from .._urls import redact
 from ..engine import Engine
-from .engine import sql_engine
+from . import sql_engine
+from .connection import TABLE, Dialect
 from .leases import CREATE_WORKERS_TABLE
-from .schema import TABLE, Dialect
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -59,10 +56,6 @@ def sqlite_path(url: str) -> str:
 SQLITE_BUSY = 5  # the primary result code; extended codes (SQLITE_BUSY_RECOVERY...) add high bits
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == SQLITE_BUSY
-
-
 def set_wal(conn: sqlite3.Connection, timeout: float) -> None:
     """`PRAGMA journal_mode=WAL`, retried while it fails with SQLITE_BUSY, for up to `timeout`.
 
@@ -78,7 +71,7 @@ def set_wal(conn: sqlite3.Connection, timeout: float) -> None:
             return
         except sqlite3.OperationalError as exc:
             left = deadline - time.monotonic()
-            if not _is_busy(exc) or left <= 0:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != SQLITE_BUSY or left <= 0:
                 raise
             time.sleep(min(left, random.uniform(pause / 2, pause)))
             pause = min(pause * 2, 0.05)
@@ -108,14 +101,13 @@ def sqlite_dialect(url: str, *, timeout: float) -> Dialect:
             raise
         return conn
 
-    dialect = Dialect(
+    return Dialect(
         connect=connect,
         schema=(CREATE_TABLE, CREATE_WORKERS_TABLE),
         now_ms="CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
         begin="BEGIN IMMEDIATE",
         for_update="",
         now="strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
-        param="?",
         unavailable=(sqlite3.OperationalError,),
         duplicate=(sqlite3.IntegrityError,),
         greatest="max",
@@ -125,7 +117,6 @@ def sqlite_dialect(url: str, *, timeout: float) -> Dialect:
             f"PRAGMA busy_timeout={int(timeout * 1000)}",
         ),
     )
-    return dialect
 
 
 def open_sqlite_engine(url: str, display: str, *, timeout: float) -> Engine:

@@ -1,17 +1,10 @@
 """Worker-id leases and compare-and-set cells (hence segment keys, see over_cas/ranges.py) on
 ZooKeeper: `zk://host:port[,host:port...]/chroot` (chroot: /idmint).
 
-Worker ids as Leaf does them with ZooKeeper, but fenced. Under the chroot:
-
-- `w/{namespace}/{worker_id}`, the lease: an EPHEMERAL node holding the owner and host. It lives
-  exactly as long as the ZooKeeper session that created it.
-- `s/{namespace}/{worker_id}`, present while the id is reserved for static holders.
-- `meta`, the store's identity: a UUID; its ctime (the leader's clock) is when it was made.
-- `h/{namespace}/{worker_id}`, the horizon: a PERSISTENT node "horizon_ms owner". It outlives
-  leases, only moves up (compare-and-set on its version), and names the holder that last moved
-  it: a holder whose id has been taken over can never raise it again, and a new holder reads
-  its floor after its lease node exists, so after the old session ended.
-- `c/{key percent-encoded}`, a compare-and-set cell: a PERSISTENT node (see ZooKeeperCasStore).
+Worker ids as Leaf does them with ZooKeeper, but fenced: lease, reservation and horizon nodes
+under the chroot's `w/`, `s/` and `h/` (see leases.py). Also under the chroot: `meta`, the
+store's identity (a UUID; its ctime, the leader's clock, is when it was made), and
+`c/{key percent-encoded}`, a compare-and-set cell (a PERSISTENT node, see ZooKeeperCasStore).
 
 ZooKeeper sessions belong to clients, while every lease has its own ttl. So every lease gets its
 own KazooClient, whose session timeout is the lease's ttl as the server negotiates it (clamped
@@ -28,26 +21,117 @@ released or until their ttl runs out.
 The store's clock that a lease reports is the horizon node's mtime after a write: the time the
 ZooKeeper leader gave that write.
 
-Modules: session.py (sessions, the identity, kazoo), leases.py (worker ids), cas.py (cells);
-this one opens the engine.
+Modules: session.py (sessions, the identity, kazoo), leases.py (worker ids); this one has the
+cells and opens the engine.
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import quote, unquote
 
-from ..._errors import InvalidArgument
+from ..._errors import InvalidArgument, StoreUnavailable
+from ..base import StoreIdentity
 from ..engine import Engine
 from ..over_cas.quorum import CasQuorumNode
 from ..over_cas.ranges import CasRangeStore
-from .cas import ZooKeeperCasStore, _cell_key, _node_name
 from .leases import ZooKeeperLeaseStore
-from .session import SharedSession, load_kazoo
+from .session import Kazoo, Session, SharedSession, load_kazoo, store_identity
 
 DEFAULT_CHROOT = "/idmint"
 
 _HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?")
 _PATH_PART = re.compile(r"[A-Za-z0-9_:.-]+")
+
+
+def _node_name(key: str) -> str:
+    """A cell's key as one node name: percent-encoded, every byte but A-Z a-z 0-9 - _ ~, so a
+    "/" cannot nest it and neither the characters ZooKeeper refuses in names nor the names
+    "." and ".." can occur. The empty key is "%", which no encoded key can be."""
+    return quote(key, safe="").replace(".", "%2E") or "%"
+
+
+def _cell_key(node_name: str) -> str:
+    return "" if node_name == "%" else unquote(node_name)
+
+
+class ZooKeeperCasStore:
+    """A CasStore on ZooKeeper: cell `key` is the persistent node `c/{key percent-encoded}`
+    under the chroot, its version the node's data version (stat.version, from 0).
+
+    A create is a create (NodeExists: False); a swap is a setData with the expected version
+    (BadVersion, NoNode: False). ZooKeeper answers a write once a quorum has logged it (fsynced
+    unless the servers run with forceSync=no), in one order for all. Reads are sync + read:
+    a server may lag the leader, and the sync makes it catch up first. A request whose answer
+    never came (the connection was lost, or the timeout passed) raises StoreUnavailable: it
+    may have been applied.
+    """
+
+    def __init__(self, kz: Kazoo, shared: SharedSession, chroot: str, display_url: str) -> None:
+        self.display_url = display_url
+        self._kz, self._shared, self._root = kz, shared, chroot
+        self._cells = f"{chroot}/c"
+
+    def _path(self, key: str) -> str:
+        return f"{self._cells}/{_node_name(key)}"
+
+    def init(self) -> None:
+        """Nothing to create (cells are made by `create`); makes the store's identity."""
+        self.identity()
+
+    def identity(self) -> StoreIdentity | None:
+        """The identity under this chroot, the lease store's: made on first use."""
+        return store_identity(self._kz, self._shared.get(), self._root)
+
+    def read(self, key: str) -> tuple[str, int] | None:
+        try:
+            data, version = self._shared.get().synced_get(self._path(key))
+        except self._kz.no_node:
+            return None
+        return data.decode(), version
+
+    def _writer(self) -> Session:
+        """The shared session, if it is connected now. kazoo holds requests made while it is
+        reconnecting and sends them when it is back: a write could then apply long after its
+        caller gave up on it. Not sending it at all is the one outcome the caller can know."""
+        session = self._shared.get()
+        if not session.connected():
+            raise StoreUnavailable(
+                f"store {self.display_url} unavailable: connection lost, reconnecting"
+            )
+        return session
+
+    def create(self, key: str, value: str) -> bool:
+        try:
+            self._writer().create(self._path(key), value.encode())
+        except self._kz.node_exists:
+            return False
+        return True
+
+    def swap(self, key: str, version: int, value: str) -> bool:
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**31:
+            # ZooKeeper takes -1 for "any version", and versions are 32-bit: a larger one
+            # would break kazoo's connection thread rather than be refused.
+            return False
+        try:
+            self._writer().set(self._path(key), value.encode(), version)
+        except (self._kz.bad_version, self._kz.no_node):
+            return False
+        return True
+
+    def scan(self, prefix: str) -> list[tuple[str, str]]:
+        session = self._shared.get()
+        cells = sorted(
+            (key, name)
+            for name in session.synced_children(self._cells)
+            if (key := _cell_key(name)).startswith(prefix)
+        )
+        found = session.get_many([f"{self._cells}/{name}" for _, name in cells])
+        return [(key, got[0].decode()) for (key, _), got in zip(cells, found, strict=True) if got]
+
+    def close(self) -> None:
+        """Close the engine's shared session (the lease store's too); safe to repeat."""
+        self._shared.close()
 
 
 def _parse_url(url: str, display: str) -> tuple[str, str]:
@@ -87,12 +171,3 @@ def open_zookeeper_engine(url: str, display: str, *, timeout: float) -> Engine:
             "quorum": lambda engine: CasQuorumNode(engine.cas()),
         },
     )
-
-
-__all__ = [
-    "ZooKeeperCasStore",
-    "ZooKeeperLeaseStore",
-    "_cell_key",
-    "_node_name",
-    "open_zookeeper_engine",
-]

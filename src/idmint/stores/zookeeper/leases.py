@@ -366,14 +366,11 @@ class ZooKeeperLeaseStore(ForkAware, FencedLeases):
                 continue
             try:
                 node = json.loads(shared.get(f"{leases}/{name}")[0])
+                # ZooKeeper has no per-node TTL: a lease node lives as long as its session,
+                # which ends at most one session timeout after its holder stops heart-beating.
+                expires_in: float | None = float(node.get("session", 0.0))
             except self._kz.no_node:
-                rows.append(
-                    WorkerInfo(namespace, int(name), "", "", None, horizon, static=name in reserved)
-                )
-                continue
-            # ZooKeeper has no per-node TTL: a lease node lives as long as its session, which
-            # ends at most one session timeout after its holder stops heart-beating.
-            expires_in = float(node.get("session", 0.0))
+                node, expires_in = {}, None
             owner, host = str(node.get("owner", "")), str(node.get("host", ""))
             rows.append(
                 WorkerInfo(
