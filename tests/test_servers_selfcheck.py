@@ -296,6 +296,24 @@ def test_postgres_bad_setting_reports_log_tail() -> None:
         server.close()
 
 
+def test_a_cassandra_start_that_hangs_reports_its_main_thread() -> None:
+    """A node whose port never looks open is stopped with its threads' stacks in the message
+    (the main thread's while it still runs): where a start hung."""
+    from server_cassandra import CassandraServer
+
+    server = CassandraServer(startup_timeout=4)
+    server._ready = lambda: False  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ServerStartError) as info:
+            server.start()
+        print(info.value)
+        assert "--- threads when it was stopped ---" in str(info.value)
+        assert "java.lang.Thread.State" in str(info.value)
+        assert not server.is_running
+    finally:
+        server.close()
+
+
 def test_mariadb_bad_option_reports_log_tail() -> None:
     server = MariaDBServer(extra_options=["--no-such-option=1"], startup_timeout=10)
     try:
