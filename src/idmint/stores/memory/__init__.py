@@ -59,7 +59,7 @@ class MemoryCasStore:
         self._identity = identity or StoreIdentity(uuid.uuid4().hex, None)
 
     def init(self) -> None:
-        pass
+        pass  # nothing to create: the dict is the whole schema
 
     def identity(self) -> StoreIdentity | None:
         return self._identity
@@ -92,7 +92,7 @@ class MemoryCasStore:
             return sorted((k, v) for k, (v, _) in self._cells.items() if k.startswith(prefix))
 
     def close(self) -> None:
-        pass
+        pass  # nothing held open: the cells live as long as the object
 
 
 class MemoryRangeStore(CasRangeStore):
@@ -219,7 +219,7 @@ class MemoryLeaseStore(FencedLeases):
         return self._identity
 
     def close(self) -> None:
-        pass
+        pass  # nothing held open: the table lives as long as the object
 
 
 # Named stores, and the identity of each (one for its cells and its leases).
