@@ -89,3 +89,35 @@ def test_the_contract_checks_catch_a_compare_and_set_that_does_not_compare(
         except AssertionError:
             return
     pytest.fail("five rounds of racing acquirers on a last-writer-wins store found no duplicate")
+
+
+class TakenBetweenScanAndRead(DirectoryCells):
+    """Cells on which `rival` acquires a worker id at the worst moment for this store's own
+    acquire: after its scan chose an id, before its take reads that id's version."""
+
+    rival: CasLeaseStore | None = None
+
+    def read(self, key: str) -> tuple[str, int] | None:
+        rival, self.rival = self.rival, None
+        if rival is not None and key.startswith("worker/"):
+            rival.acquire("ns", workers=4, ttl=30, horizon_ms=0)
+        return super().read(key)
+
+
+def test_an_id_taken_between_the_scan_and_the_take_is_not_taken_again(tmp_path: Path) -> None:
+    # A scan gives no versions, so a take reads the chosen cell's version: it must go ahead
+    # only while the cell is as the scan saw it, or it would swap over the rival's new lease.
+    directory = str(tmp_path / "leases")
+
+    def clock() -> int:
+        return time.time_ns() // 1_000_000
+
+    rival = CasLeaseStore(DirectoryCells(directory, "toy://rival", timeout=5.0), clock)
+    rival.release(rival.acquire("ns", workers=4, ttl=30, horizon_ms=0))  # id 0: a free cell
+    cells = TakenBetweenScanAndRead(directory, "toy://racer", timeout=5.0)
+    cells.rival = rival
+    lease = CasLeaseStore(cells, clock).acquire("ns", workers=4, ttl=30, horizon_ms=0)
+    assert cells.rival is None  # the rival did acquire in between
+    held = {row.worker_id: row.owner for row in rival.holders("ns") if row.owner}
+    assert lease.worker_id == 1 and held == {0: held[0], 1: lease.owner}
+    assert held[0] != lease.owner

@@ -44,14 +44,13 @@ class Slot:
 
 @dataclass(frozen=True)
 class _Table:
-    """A namespace's cells as one scan found them (each slot with its cell's text), and the
-    store's clock then."""
+    """A namespace's cells as one scan found them, and the store's clock then."""
 
-    slots: dict[int, tuple[Slot, str]]
+    slots: dict[int, Slot]
     now_ms: int
 
     def _slot(self, worker_id: int) -> Slot:
-        return self.slots.get(worker_id, (Slot(), ""))[0]
+        return self.slots.get(worker_id, Slot())
 
     def held(self, worker_id: int) -> bool:
         return self._slot(worker_id).held_at(self.now_ms)
@@ -79,15 +78,15 @@ class _Acquisition:
 
     def take(self, table: _Table, worker_id: int, horizon_ms: int) -> Taken | None:
         request, store = self._request, self._store
-        slot, scanned = table.slots.get(worker_id, (Slot(), None))
-        version = None
+        scanned = table.slots.get(worker_id)
+        slot, version = Slot(), None
         if scanned is not None:
             # A scan gives no versions: read the chosen cell's, and take it only while it is
             # still what the choice was made on (else another writer came first).
-            read = store._cas.read(store._key(request.namespace, worker_id))
-            if read is None or read[0] != scanned:
+            found = store._one(store._key(request.namespace, worker_id))
+            if found is None or found[0] != scanned:
                 return None
-            version = read[1]
+            slot, version = found
         taken = Slot(
             owner=request.owner,
             host=request.host,
@@ -118,11 +117,11 @@ class CasLeaseStore(FencedLeases):
     def _key(self, namespace: str, worker_id: int) -> str:
         return f"worker/{quote(namespace, safe='')}/{worker_id}"
 
-    def _read(self, namespace: str) -> dict[int, tuple[Slot, str]]:
-        """The namespace's slots, each with its cell's text, by worker id: one scan."""
+    def _read(self, namespace: str) -> dict[int, Slot]:
+        """The namespace's slots by worker id: one scan."""
         prefix = self._key(namespace, 0)[:-1]
         return {
-            int(key[len(prefix) :]): (Slot(**json.loads(value)), value)
+            int(key[len(prefix) :]): Slot(**json.loads(value))
             for key, value in self._cas.scan(prefix)
         }
 
@@ -193,7 +192,7 @@ class CasLeaseStore(FencedLeases):
                 slot.horizon_ms,
                 static=slot.static,
             )
-            for worker_id, (slot, _) in self._read(namespace).items()
+            for worker_id, slot in self._read(namespace).items()
         ]
 
     def unreserve(self, namespace: str, worker_id: int) -> bool:
