@@ -32,8 +32,7 @@ from .strategies.datacenter import DatacenterRanges
 from .strategies.datacenter_cells import ReservationSizing, check_dc_name
 from .strategies.quorum import QuorumGenerator, checked_quorum
 from .strategies.quorum_nodes import QuorumNodeSet, QuorumOptions, check_nodes
-from .strategies.refills import SegmentOptions
-from .strategies.refills import allocate_any as allocate_any  # the server imports it from here
+from .strategies.refills import SegmentOptions, allocate_any
 from .strategies.segment import SegmentGenerator
 from .strategies.snowflake import SnowflakeGenerator, SnowflakeOptions
 

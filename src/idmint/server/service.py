@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable
 
 from .._errors import KeyNotFound
-from .._minter import Minter, allocate_any
+from .._minter import Minter
 from ..aio import draw
 from ..ids import BATCH_CAP_MAX, BATCH_CAP_STEPS, Allocation, Key, check_stripe
+from ..strategies.refills import allocate_any
 from ..strategies.segment import SegmentGenerator
 from .config import ServerConfig
 from .http import HttpError, bearer_is
