@@ -11,6 +11,7 @@ import math
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -24,10 +25,10 @@ from idmint import (
     ReservationSizing,
     StoreUnavailable,
 )
-from idmint.stores import open_engine
+from idmint.stores import fences, open_engine
 from idmint.stores.base import CasStore
 from idmint.stores.memory import MemoryCasStore
-from idmint.strategies.datacenter_cells import GlobalRow, global_cell
+from idmint.strategies.datacenter_cells import GlobalRow, LocalRow, global_cell, local_cell
 from idmint.strategies.refills import SegmentOptions
 from idmint.strategies.segment import SegmentGenerator
 
@@ -222,6 +223,104 @@ def test_a_retired_datacenters_unapplied_grant_goes_back_too() -> None:
     back = eu.retire("k")
     assert Range(101, 201) in back
     assert us.allocate("k", 100).range == Range(11, 111)  # eu's unused tail and the grant
+
+
+def _failover(cas: CasStore, cell: str, replica_had: str, gap: int = 1_000_000) -> None:
+    """What a failover does to one cell: the replica's copy (`replica_had`, without the lost
+    primary's later writes) comes back, fenced as the stores fence it (stores/fences.py)."""
+    got = cas.read(cell)
+    assert got is not None
+    fenced = fences.fenced(cell, replica_had, gap)
+    assert fenced is not None
+    assert cas.swap(cell, got[1], fenced)
+
+
+def test_a_fenced_datacenter_cell_gives_up_what_it_holds_and_skips_its_grants() -> None:
+    """The lost primary may have served the reservation's rest, the preloaded range, and up
+    to gap + 1 grants it applied: the cell keeps none of them, and its next grant is
+    numbered past them all."""
+    eu, _, _ = _pair()
+    eu.allocate("k", 30)
+    cell = local_cell("k", "eu")
+    row = replace(
+        eu._local_row("k")[0], preloaded=(101, 201), applied=2, returning=((5, 9),), issued=30
+    )
+    fenced = LocalRow.decode(fences.fenced(cell, row.encode(), 1000) or "")
+    assert fenced == replace(row, next=row.stop, preloaded=None, returning=(), applied=1004)
+    assert fenced.left == 0
+    assert fences.fenced(cell, row.encode(), 0) == row.encode()  # gap 0: no fence
+    reopened = replace(row, start=0, stop=0, next=0, preloaded=None)
+    assert LocalRow.decode(fences.fenced(cell, reopened.encode(), 10) or "").next == 0
+
+
+def test_a_fenced_global_cell_moves_past_two_maximum_reservations_per_datacenter() -> None:
+    """gap + 2 maximum reservations for each datacenter it knows (one at least), never past
+    one above the last id, never down; the ranges given back are dropped."""
+    eu, us, _ = _pair(ReservationSizing(min_reservation=100, max_reservation=300))
+    cell = global_cell("k")
+
+    def fenced(row: GlobalRow, gap: int = 1000) -> GlobalRow:
+        return GlobalRow.decode(fences.fenced(cell, row.encode(), gap) or "")
+
+    fresh = _global_row(eu, "k")
+    assert fenced(fresh).next == 1 + 1000 + 2 * 300  # no datacenter yet: one counts
+    eu.allocate("k")
+    us.allocate("k")
+    row = replace(_global_row(eu, "k"), free=((3, 7),))
+    assert fenced(row) == replace(row, next=row.next + 1000 + 2 * 2 * 300, free=())
+    ending = replace(row, last_id=row.next + 50)
+    assert fenced(ending).next == ending.last_id + 1  # spent: Exhausted, never a wrap
+    spent = replace(row, next=row.last_id + 1)
+    assert fenced(spent).next == row.last_id + 1
+    assert fences.fenced(cell, row.encode(), 0) == row.encode()
+
+
+def _settled(*dcs: DatacenterRanges) -> None:
+    """Wait for the background grants allocations started (preloads) to be in."""
+    wait_until(lambda: not any(d._preloading for d in dcs), 10, "the preloads")
+
+
+def test_a_datacenter_store_failover_never_applies_a_grant_again() -> None:
+    """The datacenter's own store fails over, losing the application of grant 3 and the ids
+    served from it (the global cell keeps the grant): the fenced cell takes a new grant. With
+    the fence as it was (`next` moved within the reservation only), the replica's cell applied
+    grant 3 again, from its start: 50 of 50 ids repeated."""
+    eu, _, _ = _pair(ReservationSizing(min_reservation=100, max_reservation=100, preload_at=1))
+    cell = local_cell("k", "eu")
+    served = [eu.allocate("k", 100).range]  # grant 1, spent: grant 2 is loaded
+    _settled(eu)
+    got = eu.local_cas.read(cell)
+    assert got is not None
+    served.append(eu.allocate("k", 100).range)  # on the lost primary: grant 2, then 3
+    _settled(eu)
+    served.append(eu.allocate("k", 50).range)
+    _failover(eu.local_cas, cell, got[0])
+    for _ in range(3):
+        served.append(eu.allocate("k", 50).range)
+        _settled(eu)
+    assert_disjoint(served)
+    assert served[3].start >= 301  # grant 3 skipped, never reused
+    assert eu.status("k")[0].grants > 1_000_002
+
+
+def test_a_global_store_failover_skips_every_grant_it_may_have_lost() -> None:
+    """The global store fails over, losing grants of us (applied and served in its own
+    store): reservations of 10 million, a gap of 1 million. eu's next grants stay clear of
+    them; with the fence as it was, eu's next reservation overlapped one of us by 9 million."""
+    size = 10_000_000
+    eu, us, top = _pair(ReservationSizing(min_reservation=size, max_reservation=size))
+    served = [eu.allocate("k", size).range, us.allocate("k", 10).range]  # eu preloads
+    _settled(eu, us)
+    got = top.read(global_cell("k"))
+    assert got is not None
+    for _ in range(2):  # the rest of us's first grant, then its second: the third preloads
+        served.append(us.allocate("k", size).range)
+        _settled(us)
+    _failover(top, global_cell("k"), got[0])
+    for d in (eu, eu, us):
+        served.append(d.allocate("k", size).range)
+        _settled(d)
+    assert_disjoint(served)
 
 
 def test_a_lost_datacenter_cell_is_refused_until_reset() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 from ._errors import Closed, InvalidArgument
 from ._fork import ForkAware
@@ -117,15 +117,39 @@ class Minter(ForkAware):
         """The store's replication as it is now (stores/replication.py): None for a store
         without replication (SQLite, the memory store) or one that does not say (etcd,
         ZooKeeper and Cassandra replicate by consensus: a failover loses nothing)."""
+        read = self._engine_method("replication")
+        return None if read is None else cast(ReplicationState | None, read())
+
+    def set_required_replicas(self, replicas: int) -> int:
+        """Set how many replicas every write waits for (the store keeps the most it has
+        waited for and refuses to write with fewer: `idmint replicas --set`). Lowering it
+        fences the store as a failover does. Returns the requirement it replaced.
+
+        >>> minter.set_required_replicas(0)  # the old primary is gone for good
+        1
+        """
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise InvalidArgument(f"replicas must be a whole number, 0 or more, not {replicas!r}")
+        change = self._engine_method("set_required")
+        if change is None:
+            raise InvalidArgument(
+                f"store {self.url} has no replica requirement (only Redis, PostgreSQL and "
+                "MySQL/MariaDB stores replicate that way)"
+            )
+        return int(change(replicas))
+
+    def _engine_method(self, name: str) -> Any:
+        """The engine's method `name`, found through the wrappers (kind checks, CAS ranges)
+        around the store, or None."""
         seen: list[object] = [self.store, self.lease_store]
-        for _ in range(8):  # through the wrappers (kind checks, CAS ranges) to the engine's
+        for _ in range(8):
             if not seen:
                 break
             store = seen.pop(0)
-            read = getattr(store, "replication", None)
-            if callable(read):
-                return cast(ReplicationState | None, read())
-            seen += [getattr(store, name, None) for name in ("store", "cas")]
+            method = getattr(store, name, None)
+            if callable(method):
+                return method
+            seen += [getattr(store, inner, None) for inner in ("store", "cas")]
             seen = [s for s in seen if s is not None]
         return None
 

@@ -95,6 +95,40 @@ def init(ctx: click.Context) -> None:
                 click.echo(f"replication risk: {replication.risk} (docs/stores.md)")
 
 
+@cli.command()
+@click.option(
+    "--set",
+    "required",
+    type=click.IntRange(0, 1000),
+    metavar="N",
+    help="Make every write wait for N replicas. Lowering it fences the store as a failover "
+    "does (every key skips the failover gap): say it only when the missing replicas are gone.",
+)
+@click.option("--yes", is_flag=True, help="Lower the requirement: keys skip the failover gap.")
+@store_options
+@click.pass_context
+def replicas(ctx: click.Context, required: int | None, yes: bool) -> None:
+    """Show the store's replication and the replicas every write must wait for; a store
+    refuses to write with fewer than it has waited for, until this lowers the number."""
+    with open_minter(ctx) as minter:
+        state = minter.replication()
+        if state is None:
+            raise InvalidArgument(f"store {minter.url} does not replicate")
+        if required is not None:
+            if required < (state.required or 0) and not yes:
+                raise click.UsageError(
+                    f"lowering the requirement from {state.required} to {required} fences the "
+                    "store (every key skips the failover gap): add --yes"
+                )
+            old = minter.set_required_replicas(required)
+            click.echo(f"replica requirement: {old} -> {required}")
+            state = minter.replication()
+            assert state is not None
+        click.echo(f"replication: {state.describe()}")
+        if state.risk is not None:
+            click.echo(f"replication risk: {state.risk} (docs/stores.md)")
+
+
 @contextlib.contextmanager
 def open_minter(
     ctx: click.Context, dc: str | None = None, dc_store: str | None = None, *, create: bool = False

@@ -30,20 +30,39 @@ PRIMARY, REPLICA, STANDALONE = "primary", "replica", "standalone"
 UNSAFE_REPLICATION = "unsafe_replication"
 #: The store URL parameter that sets the fence's gap (ids; 0 fences nothing but leases).
 FAILOVER_GAP_PARAMETER = "failover_gap"
+#: The store URL parameter that lets writes go on with fewer replicas than the store has
+#: waited for (=1): a promoted primary then serves alone, and a failback is covered by the
+#: gap alone (docs/stores.md, "Running on a replicated store").
+FEWER_REPLICAS = "fewer_replicas"
 #: Ids every key (each stripe) skips when a failover is detected: more than the ranges a
 #: promoted replica can lack (with writes that wait for the replicas, none; else the
 #: allocations of the replication lag). See docs/stores.md.
 FAILOVER_GAP = 1_000_000
 
 
-def take_replication_parameters(url: str, display_url: str) -> tuple[str, bool, int]:
+@dataclass(frozen=True)
+class ReplicationSettings:
+    """What a store URL says about its replication (see the parameters above)."""
+
+    unsafe: bool = False  # replicas a write does not wait for are accepted
+    gap: int = FAILOVER_GAP  # ids every key skips at a fence
+    fewer: bool = False  # writes go on with fewer replicas than the store has waited for
+
+
+def take_replication_parameters(url: str, display_url: str) -> tuple[str, ReplicationSettings]:
     """A SQL store URL without idmint's replication parameters (its driver refuses ones it
-    does not know), whether it accepts unsafe replication, and the fence's gap."""
-    url, unsafe = take_parameter(url, UNSAFE_REPLICATION)
-    if unsafe not in (None, "0", "1"):
-        raise InvalidArgument(f"bad store URL {display_url!r}: {UNSAFE_REPLICATION} must be 1 or 0")
+    does not know), and what they say."""
+    flags = {}
+    for name in (UNSAFE_REPLICATION, FEWER_REPLICAS):
+        url, value = take_parameter(url, name)
+        if value not in (None, "0", "1"):
+            raise InvalidArgument(f"bad store URL {display_url!r}: {name} must be 1 or 0")
+        flags[name] = value == "1"
     url, gap = take_parameter(url, FAILOVER_GAP_PARAMETER)
-    return url, unsafe == "1", failover_gap(gap, display_url)
+    settings = ReplicationSettings(
+        flags[UNSAFE_REPLICATION], failover_gap(gap, display_url), flags[FEWER_REPLICAS]
+    )
+    return url, settings
 
 
 def failover_gap(value: str | None, display_url: str) -> int:
@@ -94,6 +113,9 @@ class ReplicationState:
     #: Writes are set to wait for the replicas but do not now (MySQL's semi-synchronous
     #: replication fell back to asynchronous after a timeout): a passing state, not a setting.
     degraded: bool = False
+    #: The most replicas the store's writes have waited for (its requirement, kept in the
+    #: store: only an operator lowers it, see `idmint replicas`); None where not read.
+    required: int | None = None
 
     @property
     def risk(self) -> str | None:
@@ -105,6 +127,18 @@ class ReplicationState:
                 f"{self.replicas} replica(s) connected and writes wait for {self.waits_for}: "
                 "a failover to one that lags loses acknowledged writes"
             )
+        return self.shortfall
+
+    @property
+    def shortfall(self) -> str | None:
+        """Why writes are refused for want of replicas (fewer than the store has waited
+        for), or None."""
+        if self.required is not None and self.waits_for < self.required:
+            return (
+                f"writes wait for {self.waits_for} replica(s) and the store has waited for "
+                f"{self.required}: a failback to an older copy, or the loss of this one, "
+                "could repeat ids"
+            )
         return None
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,6 +147,8 @@ class ReplicationState:
     def describe(self) -> str:
         """One line for `idmint init`, logs and messages."""
         words = f"{self.role}, {self.replicas} replica(s), writes wait for {self.waits_for}"
+        if self.required is not None:
+            words += f", the store requires {self.required}"
         return f"{words} ({self.detail})" if self.detail else words
 
 
@@ -120,7 +156,6 @@ def redis_state(info: dict[str, str], *, waits: bool) -> ReplicationState:
     """A Redis server's replication from its INFO replication fields. `waits`: whether idmint
     sends WAIT for every connected replica after each write (then they are waited for)."""
     role = info.get("role", "master")
-    replicas = int(info.get("connected_slaves", "0") or 0)
     lineage = info.get("master_replid")
     if role != "master":
         link = info.get("master_link_status", "?")
@@ -129,8 +164,11 @@ def redis_state(info: dict[str, str], *, waits: bool) -> ReplicationState:
     offsets = [
         value
         for name, value in info.items()
-        if name.startswith("slave") and is_digits(name[5:]) and "offset=" in value
+        if name.startswith("slave") and is_digits(name[5:]) and "offset" in value
     ]
+    # Only replicas online count (see the guard in redis/failover.py): one in its first sync
+    # acknowledges nothing yet, and no failover manager promotes it.
+    replicas = sum("state=online" in value or "'state': 'online'" in value for value in offsets)
     detail = f"master_repl_offset {info.get('master_repl_offset', '?')}"
     if offsets:
         detail += "; " + "; ".join(offsets)
@@ -144,17 +182,23 @@ def redis_state(info: dict[str, str], *, waits: bool) -> ReplicationState:
 
 
 #: One round trip: role, timeline, the commit settings and the standbys as the primary sees
-#: them (pg_stat_replication lists every connected standby; sync_state says which a commit
-#: waits for).
+#: them. Only physical standbys count, the ones a failover can promote: a logical walsender is
+#: connected to a database, pg_receivewal (Barman, pgBackRest) never reports a replay
+#: position, and a pg_basebackup in progress is in state 'backup' (issue 30). sync_state says
+#: which a commit waits for.
 POSTGRES_QUERY = """
+WITH standbys AS (
+    SELECT r.* FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
+     WHERE a.datname IS NULL AND r.state <> 'backup' AND r.replay_lsn IS NOT NULL
+)
 SELECT pg_is_in_recovery(),
        CASE WHEN pg_is_in_recovery() THEN NULL
             ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END,
        current_setting('synchronous_commit'),
        current_setting('synchronous_standby_names'),
-       (SELECT count(*) FROM pg_stat_replication),
-       (SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'),
-       (SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'quorum'),
+       (SELECT count(*) FROM standbys),
+       (SELECT count(*) FROM standbys WHERE sync_state = 'sync'),
+       (SELECT count(*) FROM standbys WHERE sync_state = 'quorum'),
        (SELECT string_agg(coalesce(application_name, '?') || ' ' || coalesce(state, '?') || ' '
                           || coalesce(sync_state, '?')
                           || coalesce(' replay_lag ' || replay_lag::text, ''), '; ')

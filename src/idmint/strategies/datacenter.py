@@ -336,7 +336,9 @@ class DatacenterRanges(DatacenterCellStore):
             grant = top.grants.get(self.dc)
             back = list(row.returning) if done < row.applied else []
             # A grant above `applied` was made but never applied (the cell is retired, so it
-            # never will be): all of it goes back.
+            # never will be): all of it goes back. A failover's fence of the cell moves
+            # `applied` past every grant its lost primary may have applied and served
+            # (datacenter_cells._fenced): none of those goes back.
             if grant is not None and grant.seq > max(done, row.applied):
                 back.append((grant.start, grant.stop))
             seq = max(done, row.applied, grant.seq if grant else 0)

@@ -52,14 +52,54 @@ def local_cell(name: str, dc: str) -> str:
 
 
 def _fenced(cell: str, value: str, gap: int) -> str:
-    """A cell moved up `gap` ids for a failover's fence (stores/fences.py): a global cell's
-    `next` (never past one above the key's last id), a datacenter's `next` within the
-    reservation it serves (never past its end: the datacenter then serves its preloaded
-    range or asks the global level for more). Never down; every other field as written."""
+    """A cell after a failover's fence (stores/fences.py), which runs on a promoted replica
+    before anything is written there: the lost primary may have written this cell after the
+    replica's copy, and what it wrote is gone. The fence holds (as for every key) while fewer
+    than `gap` ids were handed out to processes in the replication lag. Nothing moves down.
+
+    A datacenter's cell (``dc/NAME@DC``) gives up everything it holds, and grants are taken
+    afresh. The lost primary may have served the rest of the reservation, the preloaded range,
+    and grants it applied after the replica's copy; the global cell (another store, or fenced
+    apart) still shows the latest as recorded, and the cell would apply it again from its start
+    (grant n applies to a cell that applied n - 1). So: `next` moves to the reservation's end,
+    the preloaded range and the ranges a retirement would give back are dropped (given back
+    already, perhaps, and reserved by another datacenter since), and `applied` moves up
+    gap + 2 grants. A datacenter takes a grant only when it holds no preloaded range, so of
+    the grants after the replica's `applied` all but the last two were handed out whole in the
+    lag, each at least one id: fewer than gap + 2 grants. Every grant recorded for the
+    datacenter is then at or below `applied`, none applies again (nor goes back on a retire),
+    and the next reservation is a new one from the global level. Skipped grant numbers are
+    never used.
+
+    A global cell (``dc/NAME``) moves `next` up gap + 2 whole maximum reservations per
+    datacenter it knows (at least one), never past one above the key's last id (a bounded
+    key may end spent: Exhausted, never a wrap), and drops the ranges retired datacenters
+    gave back. The lost primary may have granted a datacenter the reservation it serves and a
+    preloaded one, each up to the maximum, whatever it handed out; any grant before those was
+    handed out whole in the lag (within the gap). Given-back ranges may have been granted too
+    (they go first). Not covered: a datacenter's first grant, or a larger maximum set, in the
+    lag itself.
+
+    Gap 0 (no fence: the stores do not call it then) leaves the cell as it is."""
+    if gap <= 0:
+        return value
     row = json.loads(value)
-    top = int(row["next"])
-    end = int(row["stop"]) if "@" in cell else int(row["last_id"]) + 1
-    row["next"] = max(top, min(top + gap, end))
+    if "@" in cell:
+        row["next"] = max(int(row["next"]), int(row["stop"]))
+        row["preloaded"] = None
+        row["returning"] = []
+        row["applied"] = int(row["applied"]) + gap + 2
+    else:
+        top = int(row["next"])
+        largest = (
+            ReservationSizing(**row["sizing"])
+            .for_key(int(row["first_id"]), int(row["last_id"]))
+            .max_reservation
+        )
+        dcs = len(set(row.get("grants", {})) | set(row.get("stores", {})))
+        moved = top + gap + 2 * largest * max(1, dcs)
+        row["next"] = max(top, min(moved, int(row["last_id"]) + 1))
+        row["free"] = []
     return json.dumps(row, separators=(",", ":"), sort_keys=True)
 
 
@@ -195,7 +235,7 @@ class LocalRow:
     max_batch: int = 0
     preload_at: float = DEFAULT_PRELOAD_AT
     window: float = DEFAULT_WINDOW
-    applied: int = 0  # the seq of the last grant this cell took
+    applied: int = 0  # the seq of the last grant this cell took (a fence skips seqs: _fenced)
     serving: int = 0  # the seq of the grant being served (the one before `applied`, or it)
     start: int = 0  # the reservation being served: [start, stop); next in [start, stop]
     stop: int = 0
@@ -297,7 +337,7 @@ class DatacenterStatus:
     left: int | None  # ids it can hand out without the global level (None: not known here)
     rate: float | None  # ids/s over the last window
     runway_s: float | None  # left / rate
-    grants: int  # reservations taken so far
+    grants: int  # the number of its latest grant (a failover's fence skips numbers)
     retired: bool
     seen_from: str  # "local" (its own cell) or "global" (its latest grant only)
 

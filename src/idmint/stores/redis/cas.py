@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from ..._errors import InvalidArgument, StoreUnavailable
@@ -129,6 +129,7 @@ class RedisCasStore:
         unsafe: bool = False,
         unsafe_replication: bool = False,
         gap: int = FAILOVER_GAP,
+        fewer_replicas: bool = False,
     ) -> None:
         self.display_url = display_url
         self._client = client
@@ -151,6 +152,7 @@ class RedisCasStore:
             timeout=timeout,
             unsafe=unsafe_replication,
             gap=gap,
+            fewer=fewer_replicas,
         )
 
     def _cell(self, key: str) -> str:
@@ -234,7 +236,14 @@ class RedisCasStore:
         """The server's replication as it is now (INFO replication); unless the URL says
         unsafe_replication, every replica the prefix has had is waited for after each write."""
         info = self._call(lambda: self._client.info("replication"), idempotent=True)
-        return redis_state({k: str(v) for k, v in info.items()}, waits=not self.failover.unsafe)
+        lineage = self.failover.lineage_key
+        required = self._call(lambda: self._client.hget(lineage, "replicas"), idempotent=True)
+        state = redis_state({k: str(v) for k, v in info.items()}, waits=not self.failover.unsafe)
+        return replace(state, required=int(required or 0))
+
+    def set_required(self, replicas: int) -> int:
+        """Set the replicas every write waits for (see RedisFailover.set_required)."""
+        return self.failover.set_required(replicas)
 
     def create(self, key: str, value: str) -> bool:
         self._check_persistence()

@@ -39,7 +39,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from ..._errors import StoreUnavailable
 from .. import fences
@@ -56,42 +56,55 @@ T = TypeVar("T")
 FENCE_LOCK_MS = 30_000
 
 # The guard and the wrapped script's body, run as one script: KEYS[#KEYS] is the lineage
-# hash. Answers {need, the body's answer} or {'failover', recorded replid, current replid}.
+# hash, ARGV[#ARGV] '1' when writes may go on with fewer replicas than the prefix has waited
+# for. Answers {need, the body's answer}, {'failover', recorded replid, current replid} or
+# {'fewer', replicas online, replicas required}. Only replicas online count: one still in its
+# first sync acknowledges nothing yet, and no failover manager promotes it.
 # INFO comes before the writes: replicate the script's effects (the default from Redis 5).
 _GUARD = """
 if redis.replicate_commands then redis.replicate_commands() end
 local lineage = KEYS[#KEYS]
 local info = redis.call('INFO', 'replication')
 local replid = string.match(info, 'master_replid:(%%x+)') or ''
-local connected = tonumber(string.match(info, 'connected_slaves:(%%d+)') or '0')
+local online = 0
+for _ in string.gmatch(info, 'slave%%d+:[^\\r\\n]*state=online') do online = online + 1 end
 local recorded = redis.call('HMGET', lineage, 'replid', 'replicas')
 local replicas = tonumber(recorded[2] or '0')
 if recorded[1] and recorded[1] ~= replid then
     if replicas > 0 then return {'failover', recorded[1], replid} end
-    replicas = 0
 end
-local need = math.max(connected, replicas)
-if recorded[1] ~= replid or need > replicas then
-    redis.call('HSET', lineage, 'replid', replid, 'replicas', need)
+if online < replicas and ARGV[#ARGV] ~= '1' then return {'fewer', online, replicas} end
+if recorded[1] ~= replid or online > replicas then
+    redis.call('HSET', lineage, 'replid', replid, 'replicas', math.max(online, replicas))
 end
 local function body()
 %s
 end
-return {need, body()}
+return {online, body()}
 """
 
 # KEYS: the lineage hash. ARGV: the recorded replid the fence started from. Records the
-# current replid (and the replicas connected now) if nobody did since; the fences so far.
+# current replid if nobody did since, keeping the requirement (a fence never lowers it: a
+# promoted primary alone must not serve, nor an old primary restarted alone); the fences so
+# far, or -1 when another process had recorded it (and fenced) already. ARGV[1] '': the
+# requirement was lowered, which fences whatever replid was recorded.
 _RECORD = """
 if redis.replicate_commands then redis.replicate_commands() end
 local info = redis.call('INFO', 'replication')
 local replid = string.match(info, 'master_replid:(%x+)') or ''
-local connected = string.match(info, 'connected_slaves:(%d+)') or '0'
-if redis.call('HGET', KEYS[1], 'replid') == ARGV[1] then
-    redis.call('HSET', KEYS[1], 'replid', replid, 'replicas', connected)
+if ARGV[1] == '' or redis.call('HGET', KEYS[1], 'replid') == ARGV[1] then
+    redis.call('HSET', KEYS[1], 'replid', replid)
     return redis.call('HINCRBY', KEYS[1], 'fences', 1)
 end
-return tonumber(redis.call('HGET', KEYS[1], 'fences') or '0')
+return -1
+"""
+
+# KEYS: the lineage hash. ARGV: the requirement. Sets it; answers the one it replaced.
+_SET_REQUIRED = """
+if redis.replicate_commands then redis.replicate_commands() end
+local old = tonumber(redis.call('HGET', KEYS[1], 'replicas') or '0')
+redis.call('HSET', KEYS[1], 'replicas', ARGV[1])
+return old
 """
 
 # KEYS: the store's identity (meta hash). Its life starts again now (TIME): see _new_life.
@@ -132,6 +145,7 @@ class RedisFailover:
         timeout: float,
         unsafe: bool,
         gap: int,
+        fewer: bool = False,
     ) -> None:
         self.display_url = display_url
         self.lineage_key = f"{prefix}:lineage"
@@ -141,10 +155,14 @@ class RedisFailover:
         self._swap = swap  # the store's unguarded cell swap (a registered script)
         self._timeout = timeout
         self.unsafe = unsafe
+        #: Writes go on with fewer replicas than the prefix has waited for (the URL's
+        #: fewer_replicas; unsafe_replication implies it: its writes wait for none).
+        self.fewer = fewer or unsafe
         self._gap = gap
         self._record = client.register_script(_RECORD)
         self._new_life = client.register_script(_NEW_LIFE)
         self._unlock = client.register_script(_UNLOCK)
+        self._set_required = client.register_script(_SET_REQUIRED)
         #: Replicas the last write waited for: the next write's WAIT goes in its round trip.
         self._expected = 0
 
@@ -152,26 +170,31 @@ class RedisFailover:
         """Run a guarded script and wait for the replicas it names; fence a failover it
         reports, then run it once more. Returns what the script's body answered."""
         keys = [*keys, self.lineage_key]
+        args = [*args, "1" if self.fewer else "0"]
         for _ in (1, 2):
-            answer, acks = self._send(script, keys, args)
+            answer, acks = self._call(partial(self._send, script, keys, args))
             if answer[0] == "failover":
                 self.fence(str(answer[1]), str(answer[2]))
                 continue
+            if answer[0] == "fewer":
+                raise StoreUnavailable(
+                    f"store {self.display_url}: {answer[1]} replica(s) online and the store "
+                    f"has waited for {answer[2]}: a failback to an older copy, or the loss of "
+                    "this one, could repeat ids. Writes resume when a replica is back online; "
+                    "if one is gone for good, lower the requirement with `idmint replicas "
+                    "--set N` (docs/stores.md)"
+                )
             need = int(answer[0])
             if self.unsafe:
                 if need:
                     self._warn_unsafe(need)
                 return answer[1] if len(answer) > 1 else None
-            if need > self._expected or (need and acks is None):
-                wait = partial(self._client.execute_command, "WAIT", need, self._wait_ms)
-                acks = self._call(wait)
             self._expected = need
             if need and int(acks) < need:
                 raise StoreUnavailable(
                     f"store {self.display_url}: a write reached {acks} of {need} replica(s) "
                     f"within {self._wait_ms} ms; not used (a failover could undo it). If a "
-                    f"replica was removed for good: HSET {self.lineage_key} replicas "
-                    "<the replicas left> (docs/stores.md)"
+                    "replica was removed for good: `idmint replicas --set N` (docs/stores.md)"
                 )
             return answer[1] if len(answer) > 1 else None
         raise StoreUnavailable(f"store {self.display_url}: its primary kept changing")
@@ -192,26 +215,81 @@ class RedisFailover:
     def _wait_ms(self) -> int:
         return max(1, int(self._timeout * 500))  # half the store timeout: the socket's is whole
 
-    def _send(self, script: Any, keys: list[str], args: list[Any]) -> tuple[list[Any], Any]:
-        """The script's answer, and the replicas that confirmed it when a WAIT for as many as
-        the last write needed went in the same round trip (else None)."""
+    def _send(self, script: Any, keys: list[str], args: list[Any]) -> tuple[list[Any], int]:
+        """The script's answer, and how many replicas confirmed it (0 when none was asked
+        to), on ONE connection: WAIT counts the replicas that have the writes of the
+        connection it is sent on, so on another pooled connection (one that wrote nothing
+        since) it would answer at once. A WAIT for as many replicas as the last write needed
+        goes in the same round trip; another follows only when the script asks for more."""
         expected = 0 if self.unsafe else self._expected
-        if not expected:
-            return cast(list[Any], self._call(lambda: script(keys=keys, args=args))), None
+        pool = self._client.connection_pool
+        conn = pool.get_connection()
+        try:
+            commands: list[tuple[Any, ...]] = [("EVALSHA", script.sha, len(keys), *keys, *args)]
+            if expected:
+                commands.append(("WAIT", expected, self._wait_ms))
+            replies = self._exchange(conn, commands)
+            if isinstance(replies[0], self._no_script):  # not cached on this server yet
+                commands[0] = ("EVAL", script.script, len(keys), *keys, *args)
+                replies = self._exchange(conn, commands)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            answer = list(replies[0])
+            acks = int(replies[1]) if expected else 0
+            if self.unsafe or answer[0] in ("failover", "fewer"):
+                return answer, acks
+            need = int(answer[0])
+            if need > expected:
+                conn.send_command("WAIT", need, self._wait_ms)
+                acks = int(conn.read_response())
+            return answer, acks
+        except BaseException:
+            conn.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            pool.release(conn)
 
-        def write_and_wait() -> list[Any]:
-            pipe: Any = self._client.pipeline(transaction=False)
-            script(keys=keys, args=args, client=pipe)
-            pipe.execute_command("WAIT", expected, self._wait_ms)
-            return list(pipe.execute())
+    @staticmethod
+    def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Send `commands` in one round trip; their replies, an error reply as its exception
+        (every reply is read, so the connection stays in step)."""
+        from redis.exceptions import ResponseError
 
-        answer, acks = self._call(write_and_wait)
-        return cast(list[Any], answer), acks
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    @property
+    def _no_script(self) -> type[Exception]:
+        from redis.exceptions import NoScriptError
+
+        return NoScriptError
+
+    def set_required(self, replicas: int) -> int:
+        """Set how many replicas every write must wait for (`idmint replicas --set`); the
+        requirement it replaces. Lowering it fences the prefix as a failover does (see
+        SqlConnection.set_required for why)."""
+        old = int(self._call(lambda: self._set_required(keys=[self.lineage_key], args=[replicas])))
+        if replicas < old:
+            self._fence_under_lock(f"{old} replica(s)", f"{replicas} replica(s)", None)
+        return old
 
     def fence(self, recorded: str, current: str) -> None:
         """Move every counter past what the old primary may have handed out and start the
-        store's life again, then record the new primary (see the module doc).
-        StoreUnavailable while another process is fencing."""
+        store's life again, then record the new primary (see the module doc). Done once per
+        failover: a process that takes the lock after another fenced finds the new replid
+        recorded and does nothing. StoreUnavailable while another process is fencing."""
+        self._fence_under_lock(recorded, current, recorded)
+
+    def _fence_under_lock(self, recorded: str, current: str, replid: str | None) -> None:
+        """The fence's work under the prefix's fence lock. `replid`: the recorded replid the
+        failover was seen against (None: the operator lowered the requirement)."""
         lock, token = f"{self._prefix}:fencing", uuid.uuid4().hex
         got = self._call(lambda: self._client.set(lock, token, nx=True, px=FENCE_LOCK_MS))
         if not got:
@@ -219,18 +297,24 @@ class RedisFailover:
                 f"store {self.display_url}: another process is fencing a failover; try again"
             )
         try:
+            if replid is not None:
+                now = self._call(partial(self._client.hget, self.lineage_key, "replid"))
+                if now != replid:
+                    return  # another process fenced this failover already
             keys = self._fence_cells()
             # The store's life starts again: snowflake holders wait a ttl past it (the old
             # primary may have renewed leases the new one never saw, or made new ones).
             self._call(partial(self._new_life, keys=[f"{self._prefix}:meta"], args=[]))
-            fences = self._call(lambda: self._record(keys=[self.lineage_key], args=[recorded]))
+            args = [replid or ""]  # "": the requirement lowered
+            fences = self._call(lambda: self._record(keys=[self.lineage_key], args=args))
         finally:
             self._call(lambda: self._unlock(keys=[lock], args=[token]))
         log.error(
-            "store %s: FAILOVER: the primary's replication id is %s, the store recorded %s: "
-            "another server became the primary (or a replicated primary restarted), and may "
-            "lack the last ranges and leases. Fenced: %d key cell(s) moved up %d ids; snowflake "
-            "holders wait a lease ttl before their first id (fence %s of this store)",
+            "store %s: FAILOVER: %s, the store recorded %s: another server became the "
+            "primary (or a replicated primary restarted, or the replica requirement was "
+            "lowered), and may lack the last ranges and leases. Fenced: %d key cell(s) moved "
+            "up %d ids; snowflake holders wait a lease ttl before their first id (fence %s of "
+            "this store)",
             self.display_url,
             current,
             recorded,

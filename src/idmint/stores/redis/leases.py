@@ -135,6 +135,7 @@ class RedisLeaseStore:
         timeout: float,
         unsafe_replication: bool = False,
         gap: int = FAILOVER_GAP,
+        fewer_replicas: bool = False,
     ) -> None:
         self.display_url = display_url
         self._client = client
@@ -153,6 +154,7 @@ class RedisLeaseStore:
             timeout=timeout,
             unsafe=unsafe_replication,
             gap=gap,
+            fewer=fewer_replicas,
         )
 
     def identity(self) -> StoreIdentity | None:

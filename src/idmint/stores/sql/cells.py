@@ -48,7 +48,7 @@ class SqlCasStore(SqlConnection):
             return True
 
         try:
-            return self._run(body, transaction=False)
+            return self._run(body, transaction=False, write=True)
         except self._dialect.duplicate:
             return False
 
@@ -60,7 +60,7 @@ class SqlCasStore(SqlConnection):
                 self._confirm_write(cur)
             return done
 
-        return self._run(body, transaction=False)
+        return self._run(body, transaction=False, write=True)
 
     def scan(self, prefix: str) -> list[tuple[str, str]]:
         def body(cur: Any) -> list[tuple[str, str]]:

@@ -13,16 +13,17 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ..._errors import IdmintError, InvalidArgument, StoreUnavailable
 from ..._fork import ForkAware, orphan
+from ...ids import is_digits
 from .. import fences
 from .._once import Once
 from ..base import StoreIdentity
-from ..replication import FAILOVER_GAP, REPLICA, UNSAFE_REPLICATION, ReplicationState, note_failover
+from ..replication import FAILOVER_GAP, REPLICA, ReplicationState, note_failover
 
 TABLE = "idmint_keys"
 INSERT_COLUMNS = "name, max_id, step, first_id, last_id, description, updated_at, stripes"
@@ -123,6 +124,8 @@ class Dialect:
     unsafe_replication: bool = False
     #: Ids every key skips when a failover is fenced (the URL's failover_gap).
     failover_gap: int = FAILOVER_GAP
+    #: Serve with fewer replicas than the store has waited for (the URL's fewer_replicas).
+    fewer_replicas: bool = False
     #: After each commit on a primary whose commits wait for replicas, when the engine may
     #: answer a commit they did not acknowledge (MySQL's semi-sync fallback): (cursor, what
     #: it returned last time or None) -> (its mark now, why the commit may not be on a
@@ -139,6 +142,9 @@ log = logging.getLogger(__name__)
 
 #: The idmint_meta row holding the lineage of the primary the store last ran on.
 LINEAGE = "lineage"
+#: The idmint_meta row holding the most replicas the store's writes have waited for: it only
+#: goes up by itself (a fence keeps it); `set_required` lowers it, and fences.
+REQUIRED = "replicas"
 _warned = Once()  # stores whose unsafe replication was logged
 
 T = TypeVar("T")
@@ -172,6 +178,9 @@ class SqlConnection(ForkAware):
         #: commits are set to wait for replicas; and the mark the last confirmation returned.
         self._confirming = False
         self._commit_mark: str | None = None
+        #: The primary's lineage when this connection was made (None: no replication, SQLite).
+        self._lineage: str | None = None
+        self._stale = False  # the server is no longer the primary this connection met
         self._closed = False
         self._watch_fork()
 
@@ -209,8 +218,11 @@ class SqlConnection(ForkAware):
                     with contextlib.suppress(*self._dialect.duplicate):
                         cur.execute(statement)
                 self._add_columns(cur)
+                self._lineage, self._stale = None, False
                 if replication is not None and replication.lineage is not None:
                     self._check_lineage(cur, replication.lineage)
+                    self._meta_row(cur, REQUIRED, str(replication.waits_for))
+                    self._lineage = replication.lineage
                 confirm = self._dialect.confirm_commit
                 self._commit_mark = None
                 if confirm is not None and not self._dialect.unsafe_replication:
@@ -243,35 +255,63 @@ class SqlConnection(ForkAware):
 
     def _check_primary(self, cur: Any) -> ReplicationState | None:
         """On every new connection: refuse a server that takes no writes (a standby, a
-        read-only replica: while a failover moves the URL's address, a connection can land on
-        one), and a primary with replicas its commits do not wait for, unless the URL accepts
-        that (a failover to one of them can undo acknowledged ranges: ids would repeat)."""
+        read-only replica: while a failover moves the URL's address, a connection can land
+        on one). What its replicas wait for is checked with every write (_check_replication)."""
         state = self._dialect.replication(cur)
-        if state is None:
-            return None
-        if state.role == REPLICA:
+        if state is not None and state.role == REPLICA:
             raise StoreUnavailable(
                 f"store {self.display_url} is a replica ({state.detail}): it takes no writes; "
                 "give the primary's address (or wait for the failover to finish)"
             )
-        if state.risk is None:
-            return state
-        if state.degraded and not self._dialect.unsafe_replication:
-            raise StoreUnavailable(
-                f"store {self.display_url}: {state.risk} ({state.detail}); writes wait until "
-                "the replicas acknowledge again"
-            )
-        if not self._dialect.unsafe_replication:
-            raise InvalidArgument(
-                f"store {self.display_url}: {state.risk} ({state.detail}). Make every commit "
-                f"wait for the replicas ({self._dialect.replication_hint}: docs/stores.md), "
-                f"or accept the risk with ?{UNSAFE_REPLICATION}=1 in the store URL"
-            )
-        if _warned.first(self.display_url):
-            log.warning(
-                "store %s: %s; running unsafe as the URL says", self.display_url, state.risk
-            )
         return state
+
+    def _check_replication(self, cur: Any) -> ReplicationState:
+        """At the start of every transaction on a replicated engine: the server's replication
+        as it is now, which the transaction's commit will meet. StoreUnavailable (the
+        transaction then rolls back, nothing it took is served) when the server became a
+        replica or another primary took the address (the next connection fences), when
+        replicas are connected that a commit does not wait for, or when a commit waits for
+        fewer replicas than the store has waited for (a failback to an older copy, or a
+        promoted primary alone, could repeat ids) unless the URL accepts it. A commit that
+        waits for more raises the store's requirement, in the same transaction."""
+        state = self._dialect.replication(cur)
+        assert state is not None  # only called where the engine replicates
+        if state.role == REPLICA or state.lineage != self._lineage:
+            self._stale = True  # drop the connection after this: the next one looks again
+            why = (
+                f"is a replica ({state.detail})"
+                if state.role == REPLICA
+                else (f"has another primary ({state.lineage}, was {self._lineage})")
+            )
+            raise StoreUnavailable(f"store {self.display_url} {why}; connecting again")
+        p = self._dialect.param
+        state = replace(state, required=self._required(cur))
+        if state.waits_for > (state.required or 0):
+            cur.execute(
+                f"UPDATE {META_TABLE} SET value = {p} WHERE name = {p}",
+                (str(state.waits_for), REQUIRED),
+            )
+        unsafe, fewer = self._dialect.unsafe_replication, self._dialect.fewer_replicas
+        risk = state.risk
+        if risk is None or unsafe or (fewer and state.shortfall == risk):
+            if risk is not None and _warned.first(self.display_url):
+                log.warning("store %s: %s; going on as the URL says", self.display_url, risk)
+            return state
+        if state.degraded:
+            raise StoreUnavailable(
+                f"store {self.display_url}: {risk} ({state.detail}); writes wait until the "
+                "replicas acknowledge again"
+            )
+        if state.shortfall == risk:
+            raise StoreUnavailable(
+                f"store {self.display_url}: {risk} ({state.detail}). Writes resume when a "
+                "replica is back; if one is gone for good, lower the requirement with "
+                "`idmint replicas --set N` (docs/stores.md)"
+            )
+        raise StoreUnavailable(
+            f"store {self.display_url}: {risk} ({state.detail}). Make every commit wait for "
+            f"the replicas ({self._dialect.replication_hint}: docs/stores.md)"
+        )
 
     def _check_lineage(self, cur: Any, lineage: str) -> None:
         """On every new connection, before anything is served through it: compare the
@@ -300,18 +340,7 @@ class SqlConnection(ForkAware):
             if cur.rowcount != 1:
                 cur.execute("ROLLBACK")
                 return False
-            least = "LEAST" if self._dialect.greatest == "GREATEST" else "MIN"
-            for table in (TABLE, STRIPES_TABLE):
-                cur.execute(
-                    f"UPDATE {table} SET max_id = {self._dialect.greatest}"
-                    f"(max_id, {least}(max_id + {p} * stripes, last_id + 1))",
-                    (self._dialect.failover_gap,),
-                )
-            self._fence_cells(cur)
-            cur.execute(
-                f"UPDATE {META_TABLE} SET created_ms = {self._dialect.now_ms} WHERE name = {p}",
-                ("store",),
-            )
+            self._move_counters(cur)
             cur.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(Exception):
@@ -328,6 +357,68 @@ class SqlConnection(ForkAware):
         )
         note_failover(self.display_url, recorded, lineage)
         return True
+
+    def _move_counters(self, cur: Any) -> None:
+        """A fence's writes, inside its transaction: every key and stripe up the gap (never
+        past one above its maximum), every counter in a cell too, and the store's new life."""
+        p = self._dialect.param
+        least = "LEAST" if self._dialect.greatest == "GREATEST" else "MIN"
+        for table in (TABLE, STRIPES_TABLE):
+            cur.execute(
+                f"UPDATE {table} SET max_id = {self._dialect.greatest}"
+                f"(max_id, {least}(max_id + {p} * stripes, last_id + 1))",
+                (self._dialect.failover_gap,),
+            )
+        self._fence_cells(cur)
+        cur.execute(
+            f"UPDATE {META_TABLE} SET created_ms = {self._dialect.now_ms} WHERE name = {p}",
+            ("store",),
+        )
+
+    def set_required(self, replicas: int) -> int:
+        """Set how many replicas every write must wait for (`idmint replicas --set`); the
+        requirement it replaces. Lowering it fences the store as a failover does, in the same
+        transaction: the operator says the missing replicas are gone, and what only they had
+        (or a copy that goes on without them) must not be handed out twice."""
+        p = self._dialect.param
+
+        def change(cur: Any) -> int:
+            cur.execute(self._dialect.begin)
+            try:
+                select = f"SELECT value FROM {META_TABLE} WHERE name = {p}"
+                cur.execute(select + self._dialect.for_update, (REQUIRED,))
+                row = cur.fetchone()
+                if row is None:
+                    raise InvalidArgument(
+                        f"store {self.display_url} does not replicate: it has no replica "
+                        "requirement"
+                    )
+                old = int(row[0]) if is_digits(str(row[0])) else 0
+                cur.execute(
+                    f"UPDATE {META_TABLE} SET value = {p} WHERE name = {p}",
+                    (str(replicas), REQUIRED),
+                )
+                if replicas < old:
+                    self._move_counters(cur)
+                cur.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    cur.execute("ROLLBACK")
+                raise
+            return old
+
+        old = self._run(change, transaction=False)
+        if replicas < old:
+            log.error(
+                "store %s: the replica requirement lowered from %d to %d: fenced as a "
+                "failover (every key moved up %d ids; snowflake holders wait a lease ttl)",
+                self.display_url,
+                old,
+                replicas,
+                self._dialect.failover_gap,
+            )
+            note_failover(self.display_url, f"{old} replica(s)", f"{replicas} replica(s)")
+        return old
 
     def _fence_cells(self, cur: Any) -> None:
         """Inside the fence's transaction: every counter kept in a compare-and-set cell
@@ -382,9 +473,25 @@ class SqlConnection(ForkAware):
             row = cur.fetchone()
         return str(row[0]), int(row[1])
 
+    def _required(self, cur: Any) -> int:
+        """The replicas the store's writes have waited for (its REQUIRED row)."""
+        cur.execute(
+            f"SELECT value FROM {META_TABLE} WHERE name = {self._dialect.param}", (REQUIRED,)
+        )
+        row = cur.fetchone()
+        return int(row[0]) if row is not None and is_digits(str(row[0])) else 0
+
     def replication(self) -> ReplicationState | None:
-        """The server's replication as it is now (see stores/replication.py)."""
-        return self._run(self._dialect.replication, transaction=False)
+        """The server's replication as it is now, with the store's requirement (see
+        stores/replication.py)."""
+
+        def read(cur: Any) -> ReplicationState | None:
+            state = self._dialect.replication(cur)
+            if state is None or self._lineage is None:
+                return state
+            return replace(state, required=self._required(cur))
+
+        return self._run(read, transaction=False)
 
     def init(self) -> None:
         self._run(lambda cur: None, transaction=False)  # connecting creates the tables
@@ -400,19 +507,31 @@ class SqlConnection(ForkAware):
             with contextlib.suppress(Exception):  # already broken: closing is best effort
                 conn.close()
 
-    def _run(self, body: Callable[[Any], T], *, transaction: bool = True) -> T:
-        """Run `body(cursor)` in one transaction; map driver errors to idmint's."""
+    def _run(self, body: Callable[[Any], T], *, transaction: bool = True, write: bool = False) -> T:
+        """Run `body(cursor)` in one transaction; map driver errors to idmint's. Every
+        transaction, and a body that writes on its own (`write`, one statement in autocommit),
+        first meets the server's replication as it is now (see _check_replication)."""
         self._check_fork()
         with self._lock:
             try:
                 cur = self._cursor()
                 if not transaction:
+                    if write and self._lineage is not None:
+                        try:
+                            self._check_replication(cur)
+                        finally:
+                            if self._stale:
+                                self._drop_connection()
                     return body(cur)
                 cur.execute(self._dialect.begin)
                 try:
+                    if self._lineage is not None:
+                        self._check_replication(cur)
                     result = body(cur)
                 except BaseException:
                     cur.execute("ROLLBACK")
+                    if self._stale:  # _check_replication saw another server
+                        self._drop_connection()
                     raise
                 # If COMMIT fails the outcome is unknown: the caller gets an error and the
                 # result (a range, say) is dropped, never served.

@@ -119,7 +119,7 @@ class _Acquisition:
             cur.execute(store._take, (*new, *key, was_owner, was_expires, was_horizon))
             return taken if cur.rowcount == 1 else None
 
-        return store._run(body, transaction=False)
+        return store._run(body, transaction=False, write=True)
 
 
 class SqlLeaseStore(SqlConnection, FencedLeases):

@@ -160,7 +160,7 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             "mysql:// stores need the PyMySQL driver: pip install 'idmint[mysql]'"
         ) from exc
 
-    url, unsafe, gap = take_replication_parameters(url, display_url)
+    url, replicated = take_replication_parameters(url, display_url)
     parts, database, port = _address(url, display_url)
 
     # The server reports a lock wait that lasted the store timeout; the client waits a second
@@ -191,12 +191,13 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         schema=(CREATE_TABLE, CREATE_WORKERS_TABLE, CREATE_CELLS_TABLE, CREATE_QUORUM_TABLE),
         durability=durability,
         replication=replication,
-        unsafe_replication=unsafe,
+        unsafe_replication=replicated.unsafe,
+        fewer_replicas=replicated.fewer,
         replication_hint=(
             "semi-synchronous replication: rpl_semi_sync_master_enabled=ON on the primary, "
             "rpl_semi_sync_slave_enabled=ON on every replica"
         ),
-        failover_gap=gap,
+        failover_gap=replicated.gap,
         confirm_commit=confirm_commit,
         now_ms="CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
         begin="START TRANSACTION",

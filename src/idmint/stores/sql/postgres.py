@@ -191,7 +191,7 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         ) from exc
 
     url = url.replace("postgres://", "postgresql://", 1)
-    url, unsafe, gap = take_replication_parameters(url, display_url)
+    url, replicated = take_replication_parameters(url, display_url)
     given = _conninfo(psycopg, url, display_url)
     tcp = {
         name: value for name, value in _tcp_bounds(psycopg, timeout).items() if name not in given
@@ -234,9 +234,10 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         returning=True,
         durability=durability,
         replication=replication,
-        unsafe_replication=unsafe,
+        unsafe_replication=replicated.unsafe,
+        fewer_replicas=replicated.fewer,
         replication_hint="synchronous_standby_names naming the standbys, synchronous_commit on",
-        failover_gap=gap,
+        failover_gap=replicated.gap,
         # The server's own bounds, in one round trip. lock_timeout is the store timeout; a
         # statement gets a little more, so that a lock wait is reported as one; a session
         # idle inside a transaction for twice that (its process is paused) is ended, so its row

@@ -171,7 +171,7 @@ class SqlRangeStore(SqlConnection):
                 cur.execute(counter.take_whole, (count, *where, count))
                 return cur.fetchone()
 
-            row = self._run(take_whole, transaction=False)
+            row = self._run(take_whole, transaction=False, write=True)
             if row is not None:
                 key = _row_to_key(row) if stripe == 0 else _stripe_to_key(row)
                 size = key.step if count is None else count
