@@ -16,6 +16,9 @@ from collections.abc import Iterator
 
 import psycopg
 import pymysql
+import redis
+
+from idmint.stores.replication import redis_state
 
 from server_redis import RedisServer
 from servers import LOOPBACK, MariaDBServer, PostgresServer, wait_until
@@ -106,6 +109,10 @@ def _streaming(primary: PostgresServer) -> bool:
     return bool(row and row[0])
 
 
+def _online_replicas(client: redis.Redis) -> int:
+    return redis_state(client.info("replication"), waits=True).replicas
+
+
 @contextlib.contextmanager
 def redis_pair(*, link: str | None = None) -> Iterator[tuple[RedisServer, RedisServer]]:
     """A Redis primary (appendfsync always) and a replica of it, the link up. `link`: a
@@ -117,13 +124,19 @@ def redis_pair(*, link: str | None = None) -> Iterator[tuple[RedisServer, RedisS
         primary.start()
         replica = RedisServer(replica_of=(link or primary.host, primary.port))
         replica.start()
-        client = replica.client()
+        client, source = replica.client(), primary.client()
+        # Both ends: the replica's link is up a moment before the primary lists it online,
+        # and the replication guard counts only replicas the primary lists online.
         wait_until(
-            lambda: client.info("replication").get("master_link_status") == "up",
+            lambda: (
+                client.info("replication").get("master_link_status") == "up"
+                and _online_replicas(source) == 1
+            ),
             30,
             "the replica to sync",
         )
         client.close()
+        source.close()
         yield primary, replica
     finally:
         if replica is not None:

@@ -152,9 +152,17 @@ class ReplicationState:
         return f"{words} ({self.detail})" if self.detail else words
 
 
-def redis_state(info: dict[str, str], *, waits: bool) -> ReplicationState:
-    """A Redis server's replication from its INFO replication fields. `waits`: whether idmint
-    sends WAIT for every connected replica after each write (then they are waited for)."""
+def redis_state(parsed: dict[str, Any], *, waits: bool) -> ReplicationState:
+    """A Redis server's replication from its INFO replication fields, as redis-py parses them.
+    `waits`: whether idmint sends WAIT for every connected replica after each write (then they
+    are waited for)."""
+    # redis-py parses each slaveN line into a dict: back to Redis's own `ip=...,state=...`.
+    info = {
+        name: ",".join(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, dict)
+        else str(value)
+        for name, value in parsed.items()
+    }
     role = info.get("role", "master")
     lineage = info.get("master_replid")
     if role != "master":
@@ -168,7 +176,7 @@ def redis_state(info: dict[str, str], *, waits: bool) -> ReplicationState:
     ]
     # Only replicas online count (see the guard in redis/failover.py): one in its first sync
     # acknowledges nothing yet, and no failover manager promotes it.
-    replicas = sum("state=online" in value or "'state': 'online'" in value for value in offsets)
+    replicas = sum("state=online" in value for value in offsets)
     detail = f"master_repl_offset {info.get('master_repl_offset', '?')}"
     if offsets:
         detail += "; " + "; ".join(offsets)

@@ -238,7 +238,7 @@ class RedisCasStore:
         info = self._call(lambda: self._client.info("replication"), idempotent=True)
         lineage = self.failover.lineage_key
         required = self._call(lambda: self._client.hget(lineage, "replicas"), idempotent=True)
-        state = redis_state({k: str(v) for k, v in info.items()}, waits=not self.failover.unsafe)
+        state = redis_state(info, waits=not self.failover.unsafe)
         return replace(state, required=int(required or 0))
 
     def set_required(self, replicas: int) -> int:
