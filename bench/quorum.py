@@ -117,15 +117,10 @@ def _processes(target: Callable[..., None], args: tuple[Any, ...], count: int) -
 @contextlib.contextmanager
 def redis_nodes(count: int) -> Iterator[list[Any]]:
     from server_redis import RedisServer
+    from servers import running
 
-    servers = [RedisServer(host=f"127.0.0.{21 + i}") for i in range(count)]
-    try:
-        for s in servers:
-            s.start()
-        yield servers
-    finally:
-        for s in servers:
-            s.close()
+    with running([RedisServer(host=f"127.0.0.{21 + i}") for i in range(count)]) as servers:
+        yield list(servers)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -62,15 +62,10 @@ def worker_pid(server_pid: int) -> int:
 @contextlib.contextmanager
 def nodes() -> Iterator[list[str]]:
     from server_redis import RedisServer
+    from servers import running
 
-    servers = [RedisServer(host=f"127.0.0.{21 + i}") for i in range(3)]
-    try:
-        for s in servers:
-            s.start()
+    with running([RedisServer(host=f"127.0.0.{21 + i}") for i in range(3)]) as servers:
         yield [s.store_url("keys") for s in servers]
-    finally:
-        for s in servers:
-            s.close()
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterator
 
 from server_redis import RedisServer
+from servers import start_all
 
 GROUP_BASE = {"a": 21, "b": 41}
 
@@ -26,12 +27,7 @@ class QuorumNodes:
             )
             for i in range(count)
         ]
-        try:
-            for server in self.servers:
-                server.start()
-        except BaseException:
-            self.close()
-            raise
+        start_all(self.servers)
 
     def urls(self, prefix: str, group: str = "a") -> list[str]:
         """The nodes' URLs for a key prefix, as clients of `group` reach them."""

@@ -15,15 +15,75 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import redis
 
-from servers import LOOPBACK, Pausable, ServerStartError, free_port, wait_until
+from servers import LOOPBACK, Pausable, ServerStartError, free_port, start_all, wait_until
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
 
-class RedisServer(Pausable):
+class _RedisProcess(Pausable):
+    """What a redis-server process has, whatever its role: a port on `host`, a temporary
+    directory with its log, start (by `_spawn`), readiness, kill (SIGKILL) and the log tail."""
+
+    what = "redis-server"
+
+    def __init__(self, startup_timeout: float, host: str, prefix: str) -> None:
+        self.host = host
+        self.port = free_port()
+        self.startup_timeout = startup_timeout
+        self.base_dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.log_path = self.base_dir / "server.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        atexit.register(self._atexit)
+
+    def client(self) -> redis.Redis:
+        raise NotImplementedError
+
+    def _spawn(self, argv: list[str]) -> None:
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            wait_until(self._ready, self.startup_timeout, f"{self.what} on port {self.port}")
+        except (TimeoutError, ServerStartError) as exc:
+            self.kill()
+            raise ServerStartError(f"{exc}; log tail:\n{self._log_tail()}") from None
+
+    def _ready(self) -> bool:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise ServerStartError(f"{self.what} exited with code {self._proc.returncode}")
+        client = self.client()
+        try:
+            return bool(client.ping())
+        except redis.exceptions.RedisError:  # refused, or still loading the append-only file
+            return False
+        finally:
+            client.close()
+
+    def _log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def kill(self) -> None:
+        """SIGKILL, a simulated crash; `start()` brings it back with its data."""
+        self.resume()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+    def _atexit(self) -> None:
+        self.kill()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+class RedisServer(_RedisProcess):
     """`start`, `stop`, `restart` (same port and data), `kill` (SIGKILL), `close`."""
 
     def __init__(
@@ -38,15 +98,10 @@ class RedisServer(Pausable):
         """`also`: more addresses to listen on (clients cut off apart: harness.Partition).
         `appendfsync`: the append-only file's fsync policy; None: no append-only file (a
         restart then comes back empty). `replica_of`: (host, port) of the primary it follows."""
-        self.host, self.also = host, also
+        super().__init__(startup_timeout, host, "idmint-redis-")
+        self.also = also
         self.replica_of = replica_of
         self.appendfsync = appendfsync
-        self.port = free_port()
-        self.startup_timeout = startup_timeout
-        self.base_dir = Path(tempfile.mkdtemp(prefix="idmint-redis-"))
-        self.log_path = self.base_dir / "server.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-        atexit.register(self._atexit)
 
     def start(self) -> None:
         if self._proc is not None:
@@ -75,31 +130,7 @@ class RedisServer(Pausable):
         ]
         if self.replica_of is not None:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        try:
-            wait_until(self._ready, self.startup_timeout, f"redis-server on port {self.port}")
-        except (TimeoutError, ServerStartError) as exc:
-            self.kill()
-            raise ServerStartError(f"{exc}; log tail:\n{self._log_tail()}") from None
-
-    def _ready(self) -> bool:
-        if self._proc is not None and self._proc.poll() is not None:
-            raise ServerStartError(f"redis-server exited with code {self._proc.returncode}")
-        client = redis.Redis(host=self.host, port=self.port, socket_timeout=2)
-        try:
-            return bool(client.ping())
-        except redis.exceptions.RedisError:  # refused, or still loading the append-only file
-            return False
-        finally:
-            client.close()
-
-    def _log_tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        self._spawn(argv)
 
     def stop(self) -> None:
         """SIGTERM: redis-server flushes the append-only file and exits."""
@@ -125,20 +156,8 @@ class RedisServer(Pausable):
         self.stop()
         self.start()
 
-    def kill(self) -> None:
-        """SIGKILL, a simulated crash; `start()` brings it back with its data."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-            proc.wait()
-
     def close(self) -> None:
         self.stop()
-        shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def _atexit(self) -> None:
-        self.kill()
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def client(self) -> redis.Redis:
@@ -147,3 +166,155 @@ class RedisServer(Pausable):
     def store_url(self, name: str) -> str:
         """A URL to a fresh, private key prefix on this server."""
         return f"redis://{self.host}:{self.port}/0?prefix={name}"
+
+
+class SentinelServer(_RedisProcess):
+    """A throw-away Redis Sentinel (`redis-server sentinel.conf --sentinel`) on 127.0.0.1 and
+    a free port, its config file in a temporary directory: Sentinel rewrites it with its id,
+    the primaries it monitors and what it learnt of them. `password`: its requirepass (the
+    Sentinels of one set share it: they authenticate to each other with their own)."""
+
+    what = "redis sentinel"
+
+    def __init__(
+        self, startup_timeout: float = 20.0, *, host: str = LOOPBACK, password: str | None = None
+    ) -> None:
+        super().__init__(startup_timeout, host, "idmint-sentinel-")
+        self.password = password
+        self.config_path = self.base_dir / "sentinel.conf"
+
+    def start(self) -> None:
+        if self._proc is not None:
+            return
+        if not self.config_path.exists():  # kept across restarts: Sentinel's own state
+            lines = [
+                f"port {self.port}",
+                f"bind {self.host}",
+                "protected-mode no",
+                "daemonize no",
+                f'dir "{self.base_dir}"',
+            ]
+            if self.password is not None:
+                lines.append(f'requirepass "{self.password}"')
+            self.config_path.write_text("\n".join(lines) + "\n")
+        self._spawn([REDIS_SERVER, str(self.config_path), "--sentinel"])
+        client = self.client()
+        try:
+            # The test's pace (Redis 7 and later; an older Sentinel keeps its own): INFO to
+            # every server each second, not 10 (it sees a restarted primary sooner), hellos
+            # every half second (Sentinels find each other sooner; a restarted primary is
+            # made a replica 4 hello periods after it came back: 2 s, not 8), and a TILT
+            # (a timer that ran late on a busy machine) of 2 s, not 30.
+            cast(Any, client).execute_command(
+                "SENTINEL",
+                "DEBUG",
+                *("info-period", 1000, "publish-period", 500, "tilt-period", 2000),
+            )
+        except redis.exceptions.ResponseError:
+            pass
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        self._atexit()
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(
+            host=self.host,
+            port=self.port,
+            password=self.password,
+            socket_timeout=5,
+            decode_responses=True,
+        )
+
+
+class Sentinels:
+    """A set of Sentinels (three by default) that monitor primaries under service names:
+    `monitor(service, primary)`, `primary(service)` (where they say it is), `url(service)`
+    (a redis+sentinel:// store URL naming them all), `remove(service)`, `close()`."""
+
+    def __init__(self, count: int = 3, *, password: str | None = None) -> None:
+        self.password = password
+        self.servers = [SentinelServer(password=password) for _ in range(count)]
+
+    def start(self) -> Sentinels:
+        start_all(self.servers)
+        return self
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def __enter__(self) -> Sentinels:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def monitor(
+        self,
+        service: str,
+        primary: RedisServer,
+        *,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 4000,
+        replicas: int = 1,
+    ) -> None:
+        """Every Sentinel monitors `primary` as `service`: it is down for them `down_after_ms`
+        after its last answer, and `quorum` of them agreeing start a failover. Returns once
+        each Sentinel knows the others and the primary's `replicas` (what a failover needs)."""
+        for server in self.servers:
+            client = server.client()
+            try:
+                client.sentinel_monitor(service, primary.host, primary.port, quorum)
+                client.sentinel_set(service, "down-after-milliseconds", down_after_ms)
+                client.sentinel_set(service, "failover-timeout", failover_timeout_ms)
+            finally:
+                client.close()
+
+        def known() -> bool:
+            for server in self.servers:
+                client = server.client()
+                try:
+                    state = cast(dict[str, Any], client.sentinel_master(service))
+                finally:
+                    client.close()
+                others, found = state["num-other-sentinels"], state["num-slaves"]
+                if others < len(self.servers) - 1 or found < replicas:
+                    return False
+            return True
+
+        wait_until(known, 30, f"the Sentinels to know each other and {service}'s replicas")
+
+    def remove(self, service: str) -> None:
+        for server in self.servers:
+            client = server.client()
+            try:
+                with contextlib.suppress(redis.exceptions.RedisError):
+                    client.sentinel_remove(service)
+            finally:
+                client.close()
+
+    def primary(self, service: str) -> tuple[str, int] | None:
+        """(host, port) of the primary the first Sentinel that answers names for `service`."""
+        for server in self.servers:
+            client = server.client()
+            try:
+                found = client.sentinel_get_master_addr_by_name(service)
+            except redis.exceptions.RedisError:
+                continue
+            finally:
+                client.close()
+            if isinstance(found, tuple | list):
+                return str(found[0]), int(found[1])
+        return None
+
+    def url(self, service: str, query: str = "") -> str:
+        """A redis+sentinel:// store URL of `service` through every Sentinel; `query` is
+        more parameters ("prefix=p&unsafe_replication=1")."""
+        hosts = ",".join(f"{s.host}:{s.port}" for s in self.servers)
+        params = [query] if query else []
+        if self.password is not None:
+            params.append(f"sentinel_password={self.password}")
+        return f"redis+sentinel://{hosts}/{service}" + ("?" + "&".join(params) if params else "")

@@ -44,10 +44,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, ClassVar, Self
+from typing import IO, ClassVar, Protocol, Self, TypeVar
 
 import psycopg
 import pymysql
@@ -76,6 +76,37 @@ class ServerStartError(RuntimeError):
 # --------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------
+
+
+class _Startable(Protocol):
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+
+
+StartableT = TypeVar("StartableT", bound=_Startable)
+
+
+def start_all(servers: Sequence[_Startable]) -> None:
+    """Start every server; if one fails to start, close them all (the started ones would
+    outlive the test) and raise."""
+    try:
+        for server in servers:
+            server.start()
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+
+
+@contextlib.contextmanager
+def running(servers: Sequence[StartableT]) -> Iterator[Sequence[StartableT]]:
+    """`servers`, started, and closed on the way out."""
+    start_all(servers)
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.close()
 
 
 def wait_until(

@@ -7,8 +7,8 @@ the same gap from the same base as the replica had been: 50 of 50 ids handed out
 Now a store keeps the most replicas its writes have waited for, and a fence never lowers that:
 a primary that comes back alone refuses to write until an operator says the others are gone
 (`idmint replicas --set`), which it cannot have done on a copy that never saw the promoted
-one's history. The negative control lets writes go on with fewer replicas (`fewer_replicas=1`;
-on Redis `unsafe_replication=1`, which implies it) with a small gap, and the check catches the
+one's history. The negative controls let writes go on with fewer replicas (`fewer_replicas=1`,
+or `unsafe_replication=1`, which implies it) with a small gap, and the check catches the
 repeats."""
 
 from __future__ import annotations
@@ -58,9 +58,14 @@ def test_a_postgres_primary_that_fails_back_alone_serves_nothing(fewer: bool) ->
     assert set(again) & set(served)  # the negative control: the checker sees the repeats
 
 
-@pytest.mark.parametrize("unsafe", [False, True], ids=["default", "unsafe"])
-def test_a_redis_primary_that_fails_back_alone_serves_nothing(unsafe: bool) -> None:
-    extra = f"&failover_gap={GAP}" + ("&unsafe_replication=1" if unsafe else "")
+@pytest.mark.parametrize(
+    "control",
+    ["", "&fewer_replicas=1", "&unsafe_replication=1"],
+    ids=["default", "fewer", "unsafe"],
+)
+def test_a_redis_primary_that_fails_back_alone_serves_nothing(control: str) -> None:
+    extra = f"&failover_gap={GAP}" + control
+    fewer = bool(control)  # writes go on alone
     with redis_pair() as (primary, replica):
         with idmint.connect(primary.store_url("fb") + extra, timeout=2) as minter:
             minter.add_key("k", step=10)
@@ -69,7 +74,7 @@ def test_a_redis_primary_that_fails_back_alone_serves_nothing(unsafe: bool) -> N
         primary.kill()
         replica.client().replicaof("NO", "ONE")
         with idmint.connect(replica.store_url("fb") + extra, timeout=2) as minter:
-            if not unsafe:
+            if not fewer:
                 with pytest.raises(StoreUnavailable, match=r"0 replica.* has waited for 1"):
                     minter.ranges.allocate("k")
                 assert minter.set_required_replicas(0) == 1
@@ -77,7 +82,7 @@ def test_a_redis_primary_that_fails_back_alone_serves_nothing(unsafe: bool) -> N
         replica.kill()
         primary.start()  # alone, from its append-only file: a new replication id
         with idmint.connect(primary.store_url("fb") + extra, timeout=2) as minter:
-            if not unsafe:
+            if not fewer:
                 with pytest.raises(StoreUnavailable, match=r"0 replica.* has waited for 1"):
                     minter.ranges.allocate("k")
                 return

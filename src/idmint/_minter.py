@@ -81,9 +81,10 @@ class Minter(ForkAware):
         self.timeout = timeout
         self._snowflakes: list[SnowflakeGenerator] = []
         self._quorums: dict[tuple[str, tuple[str, ...]], QuorumGenerator] = {}
-        #: The node sets of those keys, one per node list (and unsafe, recheck), shared by
-        #: its keys: one connection and thread per node however many keys there are.
-        self._node_sets: dict[tuple[tuple[str, ...], bool, float], QuorumNodeSet] = {}
+        #: The node sets of those keys, one per node list (and unsafe, replicated_nodes,
+        #: recheck), shared by its keys: one connection and thread per node however many keys
+        #: there are.
+        self._node_sets: dict[tuple[tuple[str, ...], bool, bool, float], QuorumNodeSet] = {}
         self._quorum_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = False
@@ -393,7 +394,8 @@ class Minter(ForkAware):
         bounds) served from `nodes` (store URLs of independent servers, an odd number, 3 or
         more, where its counters live): each id above every id of the key handed out before
         the call began, by any caller. Checks the nodes that answer now (InvalidArgument for
-        one that does not fsync each write; see QuorumOptions.unsafe). One per key and node
+        one that does not fsync each write, see QuorumOptions.unsafe; or that is replicated,
+        see QuorumOptions.replicated_nodes). One per key and node
         list, closed with the minter; the keys of one node list share its connections and
         threads. Raises KeyNotFound (WrongKind) for a name that is no quorum key."""
         with self._quorum_lock:  # one generator per key and nodes, even when asked at once
@@ -409,8 +411,9 @@ class Minter(ForkAware):
             try:
                 made = checked_quorum(name, node_set, bounded)
             except InvalidArgument:
-                # A set no key could use (a node unsafe, or named twice) is not kept: the
-                # next call looks at the nodes afresh, once the operator has fixed them.
+                # A set no key could use (a node unsafe, replicated, or named twice) is not
+                # kept: the next call looks at the nodes afresh, once the operator has fixed
+                # them.
                 if not any(q.counter.nodes is node_set for q in self.quorums()):
                     with self._lock:
                         self._node_sets = {
@@ -426,7 +429,7 @@ class Minter(ForkAware):
         """The shared node set of `nodes` (opened on first use; the caller holds _quorum_lock)."""
         if isinstance(nodes, str):
             raise InvalidArgument("nodes is a list of store URLs, not one string")
-        index = (tuple(nodes), options.unsafe, options.recheck)
+        index = (tuple(nodes), options.unsafe, options.replicated_nodes, options.recheck)
         with self._lock:
             made = self._node_sets.get(index)
         if made is None or made.closed:
@@ -551,7 +554,12 @@ def open_quorum(
 def _open_node_set(nodes: list[str], options: QuorumOptions, *, timeout: float) -> QuorumNodeSet:
     check_nodes(nodes)  # before opening anything
     opened = [open_engine(url, timeout=timeout).quorum() for url in nodes]
-    return QuorumNodeSet(opened, unsafe=options.unsafe, recheck=options.recheck)
+    return QuorumNodeSet(
+        opened,
+        unsafe=options.unsafe,
+        recheck=options.recheck,
+        replicated_nodes=options.replicated_nodes,
+    )
 
 
 def connect(

@@ -39,6 +39,7 @@ def next_(
     dc_store: str | None,
     quorum: str | None,
     unsafe_nodes: bool | None,
+    replicated_nodes: bool | None,
 ) -> None:
     """Print COUNT new ids of key NAME, one per line.
 
@@ -51,7 +52,12 @@ def next_(
     if quorum is not None:
         if dc or dc_store or stripe is not None:
             raise click.UsageError("--quorum takes no --dc, --dc-store or --stripe")
-        _print_ids(_quorum_ids(ctx, name, quorum, bool(unsafe_nodes), count))
+        options = QuorumOptions(
+            unsafe=bool(unsafe_nodes),
+            replicated_nodes=bool(replicated_nodes),
+            deadline=max(ctx.obj["timeout"], 5.0),
+        )
+        _print_ids(_quorum_ids(ctx, name, quorum, options, count))
         return
     with open_minter(ctx, dc, dc_store) as minter:  # a store that is not there has no key
         left = count
@@ -70,9 +76,10 @@ def next_(
             # whole key is exhausted).
 
 
-def _quorum_ids(ctx: click.Context, name: str, nodes: str, unsafe: bool, count: int) -> Range:
+def _quorum_ids(
+    ctx: click.Context, name: str, nodes: str, options: QuorumOptions, count: int
+) -> Range:
     """Ids of quorum key `name` (made in the store with `idmint quorum add`) from `nodes`."""
-    options = QuorumOptions(unsafe=unsafe, deadline=max(ctx.obj["timeout"], 5.0))
     node_urls = split_nodes(nodes)  # a bad list is bad input, whatever the store
     with open_minter(ctx) as minter:
         return minter.quorum(name, node_urls, options).take(count)

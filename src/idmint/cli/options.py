@@ -178,5 +178,5 @@ def dc_options(*, required: bool = False) -> Decorator:
     return stacked(setting_option("dc", required=required), setting_option("dc_store"))
 
 
-#: --quorum URLS and --unsafe-nodes: the nodes of a quorum key.
-quorum_options = setting_options("quorum", "unsafe_nodes")
+#: --quorum URLS, --unsafe-nodes and --replicated-nodes: the nodes of a quorum key.
+quorum_options = setting_options("quorum", "unsafe_nodes", "replicated_nodes")

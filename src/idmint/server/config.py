@@ -56,9 +56,10 @@ class Flag:
     opts: str = ""
     metavar: str | None = None
     choices: tuple[str, ...] = ()
-    #: Whether the option reads IDMINT_<NAME> itself. `--unsafe-nodes` does not: the same option
-    #: of `idmint next` must be typed, never switched on by the environment (serve still reads
-    #: IDMINT_UNSAFE_NODES, as every setting, through ServerConfig.env_values).
+    #: Whether the option reads IDMINT_<NAME> itself. `--unsafe-nodes` does not (nor
+    #: `--replicated-nodes`): the same option of `idmint next` must be typed, never switched on
+    #: by the environment (serve still reads IDMINT_UNSAFE_NODES, as every setting, through
+    #: ServerConfig.env_values).
     env: bool = True
 
     def describe(self, name: str, default: object) -> str:
@@ -192,6 +193,11 @@ class ServerConfig:
     unsafe_nodes: bool = flagged(
         False,
         "Use quorum nodes that do not fsync every write (ids may repeat after a crash).",
+        env=False,
+    )
+    replicated_nodes: bool = flagged(
+        False,
+        "Use quorum nodes that have replicas (ids may repeat after a node's failover).",
         env=False,
     )
 

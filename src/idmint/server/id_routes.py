@@ -376,7 +376,11 @@ class IdRoutes:
         if gen is None:  # the first request reads the key and checks the nodes: on a thread
             missing = f"quorum:{key}"  # a name may be no quorum key and a segment key
             self.service.check_missing(missing)
-            options = QuorumOptions(unsafe=self.config.unsafe_nodes, max_batch=MAX_QUORUM)
+            options = QuorumOptions(
+                unsafe=self.config.unsafe_nodes,
+                replicated_nodes=self.config.replicated_nodes,
+                max_batch=MAX_QUORUM,
+            )
             make = functools.partial(
                 self._minter().quorum, key, split_nodes(self.config.quorum), options
             )

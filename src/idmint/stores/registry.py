@@ -48,7 +48,13 @@ SHIPPED: tuple[EngineRow, ...] = (
         "postgresql", ("postgresql", "postgres"), ".sql.postgres:open_postgres_engine", "postgres"
     ),
     EngineRow("mysql", ("mysql", "mariadb"), ".sql.mysql:open_mysql_engine", "mysql"),
-    EngineRow("redis", ("redis", "rediss"), ".redis:open_redis_engine", "redis"),
+    # redis+sentinel://: the primary a set of Redis Sentinels names (stores/redis/__init__.py).
+    EngineRow(
+        "redis",
+        ("redis", "rediss", "redis+sentinel", "rediss+sentinel"),
+        ".redis:open_redis_engine",
+        "redis",
+    ),
     EngineRow("etcd", ("etcd",), ".etcd:open_etcd_engine", None),
     EngineRow("zookeeper", ("zk",), ".zookeeper:open_zookeeper_engine", "zookeeper"),
     # No quorum nodes: a quorum of Cassandra nodes would be one cluster's Paxos, not

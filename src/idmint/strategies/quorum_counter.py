@@ -71,10 +71,17 @@ class QuorumCounter(ForkAware):
         if isinstance(nodes, QuorumNodeSet):
             if nodes.unsafe != self.options.unsafe:
                 raise InvalidArgument("a key's unsafe option must be its node set's")
+            if nodes.replicated_nodes != self.options.replicated_nodes:
+                raise InvalidArgument("a key's replicated_nodes option must be its node set's")
             self.nodes, self._owns_nodes = nodes, False
         else:
             opts = self.options
-            self.nodes = QuorumNodeSet(nodes, unsafe=opts.unsafe, recheck=opts.recheck)
+            self.nodes = QuorumNodeSet(
+                nodes,
+                unsafe=opts.unsafe,
+                recheck=opts.recheck,
+                replicated_nodes=opts.replicated_nodes,
+            )
             self._owns_nodes = True
         self.majority = self.nodes.majority
         self._slots = self.nodes.slots
@@ -105,8 +112,9 @@ class QuorumCounter(ForkAware):
 
     def check(self, timeout: float | None = None) -> None:
         """Look at every node that answers within `timeout` (default: the deadline): raise
-        InvalidArgument for one that may lose an acknowledged claim (unless options.unsafe)
-        or that is another node again under a second URL. Nodes that do not answer are
+        InvalidArgument for one that may lose an acknowledged claim (unless options.unsafe),
+        one that is replicated (unless options.replicated_nodes) or a replica, or one that is
+        another node again under a second URL. Nodes that do not answer are
         checked before their first claim."""
         self._check_fork()
         if (bad := self.nodes.misconfigured()) is not None:

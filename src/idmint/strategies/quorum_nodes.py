@@ -2,8 +2,8 @@
 their checks, QuorumOptions, the figures keys report (NodeHealth, QuorumStats); one NodeSlot per
 node, with its thread, health and checks, and the QuorumNodeSet that the keys of one node list
 share, with the threads that run their rounds. What is true of a node for every key lives here
-(unsafe, named twice, a new identity); what one key saw on a node (its counter there) lives
-with the key, in quorum_counter.py.
+(unsafe, replicated, named twice, a new identity); what one key saw on a node (its counter
+there) lives with the key, in quorum_counter.py.
 
 This module knows the keys only through the two small protocols below, so that the keys'
 modules can import it and not the other way round.
@@ -19,12 +19,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .._errors import InvalidArgument
 from .._fork import ForkAware
 from ..ids import ID_MAX, check_count
 from ..stores.base import MultiplexedQuorumNode, QuorumNode
+from ..stores.replication import REPLICA, ReplicationState
 
 log = logging.getLogger("idmint.quorum")
 
@@ -79,6 +80,10 @@ class QuorumOptions:
     #: Run on nodes that may lose an acknowledged write (no fsync before the answer): ids can
     #: then repeat after a node's crash. For tests and trials only.
     unsafe: bool = False
+    #: Run on nodes that have replicas their claims do not wait for (a failover to one that
+    #: lags loses claims the node acknowledged: ids can then repeat). Apart from `unsafe`:
+    #: a node may fsync every write and still fail over. A replica is refused even so.
+    replicated_nodes: bool = False
     #: Ids one group-commit round claims at most; more waiting requests go in the next one.
     max_batch: int = 1_000_000
     #: Seconds between re-checks of each node while it is used (its durability settings, its
@@ -112,7 +117,7 @@ class NodeHealth:
     last_error: str | None = None
     last_ok_at: float | None = None  # time.time() of its last answer
     in_flight: bool = False  # a call still runs (a slow or hung node: left out of rounds)
-    refused: str | None = None  # why it is never used (unsafe, or a duplicate of another)
+    refused: str | None = None  # why it is never used (unsafe, replicated, a duplicate...)
 
     def answered(self, counter: int = 0) -> None:
         self.up, self.last_ok_at, self.last_error = True, time.time(), None
@@ -160,6 +165,16 @@ class RoundJob(Protocol):
 Answer = tuple["NodeSlot", "tuple[bool, int] | Exception"]
 
 
+@runtime_checkable
+class ReplicatedNode(Protocol):
+    """A quorum node whose engine can say how it is replicated: Redis and the SQL engines.
+    The others are not asked: an etcd or ZooKeeper cluster acknowledges a write only once a
+    majority of its members has it, and memory:// is refused anyway."""
+
+    def replication(self) -> ReplicationState | None:
+        """The server's replication now; None for an engine that has none (SQLite)."""
+
+
 class NodeSlot:
     """One node of a node set, shared by the set's keys, with a thread of its own so that a
     hung node holds up only its calls. Calls and answers travel on SimpleQueues: a round is
@@ -174,11 +189,12 @@ class NodeSlot:
         self.node = node
         self.index = index  # its place in the set: keys keep what they saw on it there
         self.health = NodeHealth(node.display_url)  # the node's own (its counter: see _KeyNode)
-        self.checked = False  # durability and identity looked at since the last failure
+        self.checked = False  # settings and identity looked at since the last failure
         self.checked_at = 0.0  # when (monotonic)
         self.identity: str | None = None  # the node's identity when first checked
-        #: Why every key of the set must refuse it at once (unsafe, a duplicate): raised again
-        #: to each key opened on the set, as it was to the first.
+        self.warned_replicated = False  # replicated_nodes: its replicas logged once
+        #: Why every key of the set must refuse it at once (unsafe, replicated, a duplicate):
+        #: raised again to each key opened on the set, as it was to the first.
         self.misconfigured: InvalidArgument | None = None
         #: Failed calls so far: a key reads its counter on the node again once this moved (a
         #: reconnect may reach a node that lost data meanwhile).
@@ -264,17 +280,23 @@ class QuorumNodeSet(ForkAware):
     IDLE = 10.0
 
     def __init__(
-        self, nodes: Sequence[QuorumNode], *, unsafe: bool = False, recheck: float = 10.0
+        self,
+        nodes: Sequence[QuorumNode],
+        *,
+        unsafe: bool = False,
+        recheck: float = 10.0,
+        replicated_nodes: bool = False,
     ) -> None:
         check_nodes([n.display_url for n in nodes])
         self.unsafe, self.recheck = unsafe, recheck
+        self.replicated_nodes = replicated_nodes
         self.majority = len(nodes) // 2 + 1
         self.slots = [NodeSlot(n, i) for i, n in enumerate(nodes)]
         # Nodes that take claims apart from their answers run a round on the caller's thread
         # (poll over their sockets): a third of the CPU of a thread per node.
         self.multiplexed = all(isinstance(n, MultiplexedQuorumNode) for n in nodes)
         self._identities: dict[str, str] = {}  # node identity -> url, to spot one node twice
-        self.lost_nodes = 0  # nodes refused while in use: unsafe, a new identity
+        self.lost_nodes = 0  # nodes refused while in use: unsafe, replicated, a new identity
         self.closed = False
         self._fresh_threads()
         self._watch_fork()
@@ -297,10 +319,11 @@ class QuorumNodeSet(ForkAware):
     # -- node checks -------------------------------------------------------------------------
 
     def check_node(self, slot: NodeSlot) -> None:
-        """Refuse `slot`'s node for every key (raises InvalidArgument) if it is unsafe, a
-        duplicate of another, or has a new identity since this process first checked it (a
-        restart with an empty data directory: it lost the claims it acknowledged). A node
-        that cannot be asked raises StoreUnavailable. On the node's thread."""
+        """Refuse `slot`'s node for every key (raises InvalidArgument) if it is unsafe,
+        replicated (see _check_replication), a duplicate of another, or has a new identity
+        since this process first checked it (a restart with an empty data directory: it lost
+        the claims it acknowledged). A node that cannot be asked raises StoreUnavailable. On
+        the node's thread."""
         node = slot.node
         why = node.durability()
         if why is not None and not self.unsafe:
@@ -317,6 +340,7 @@ class QuorumNodeSet(ForkAware):
             log.warning(
                 "quorum node %s may lose claims (%s): running unsafe", node.display_url, why
             )
+        self._check_replication(slot)
         identity = node.identity()
         if identity is not None:
             if slot.identity is not None and identity.id != slot.identity:
@@ -340,6 +364,46 @@ class QuorumNodeSet(ForkAware):
                 raise slot.misconfigured
         slot.checked, slot.checked_at = True, time.monotonic()
 
+    def _check_replication(self, slot: NodeSlot) -> None:
+        """Refuse `slot`'s node if a failover can take back claims it acknowledged: a primary
+        with replicas its claims do not wait for (one promoted may lack the last claims, and
+        a later round takes those ids again), unless replicated_nodes, then warned once; and
+        always a replica, which takes no claims of its own (its primary's next sync overwrites
+        anything written there). Asked at every check, so a node that gains a replica while
+        in use is refused too."""
+        node = slot.node
+        state = node.replication() if isinstance(node, ReplicatedNode) else None
+        if state is None or state.risk is None:
+            return
+        url = node.display_url
+        if state.role == REPLICA:
+            slot.misconfigured = self._refuse(
+                slot,
+                "a replica",
+                f"quorum node {url} is a replica ({state.detail}): it takes no claims of its "
+                "own (its primary's next sync overwrites them); give independent servers "
+                "without replicas as nodes (docs/quorum.md)",
+            )
+            raise slot.misconfigured
+        if not self.replicated_nodes:
+            slot.misconfigured = self._refuse(
+                slot,
+                f"replicated: {state.risk}",
+                f"quorum node {url} is replicated: {state.risk} ({state.detail}), and ids "
+                "repeat once the node's claims are lost; give independent servers without "
+                "replicas as nodes (docs/quorum.md), or accept the risk with --replicated-nodes "
+                "(IDMINT_REPLICATED_NODES, QuorumOptions(replicated_nodes=True))",
+            )
+            raise slot.misconfigured
+        if not slot.warned_replicated:
+            slot.warned_replicated = True
+            log.warning(
+                "quorum node %s is replicated (%s): running with replicated nodes, ids may "
+                "repeat after its failover",
+                url,
+                state.risk,
+            )
+
     def _refuse(self, slot: NodeSlot, why: str, message: str) -> InvalidArgument:
         """Leave the slot's node out of every round from now on, loudly."""
         slot.health.refused = why
@@ -348,7 +412,8 @@ class QuorumNodeSet(ForkAware):
         return InvalidArgument(message)
 
     def misconfigured(self) -> InvalidArgument | None:
-        """Why a node of the set is refused for every key (unsafe, a duplicate), if one is."""
+        """Why a node of the set is refused for every key (unsafe, replicated, a duplicate),
+        if one is."""
         return next((s.misconfigured for s in self.slots if s.misconfigured), None)
 
     # -- round threads -----------------------------------------------------------------------

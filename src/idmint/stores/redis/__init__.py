@@ -1,5 +1,10 @@
 """Worker-id leases and compare-and-set cells (hence segment keys, see over_cas/ranges.py) on Redis:
-`redis://[[user]:password@]host[:port][/db][?prefix=STR]`.
+`redis://[[user]:password@]host[:port][/db][?prefix=STR]`, or on the primary Redis Sentinel
+names: `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/SERVICE[/db][?...]`
+(the hosts are the Sentinels, port 26379 by default; SERVICE the name they monitor the primary
+by; the user and password are the Redis servers', `sentinel_username` and `sentinel_password`
+the Sentinels' own). Every new connection asks the Sentinels where the primary is, so the store
+follows a failover; the guard (failover.py) fences it as on any replicated Redis.
 
 Leases: per (namespace, worker id) two keys, both under the URL's prefix (default "idmint"):
 
@@ -24,15 +29,22 @@ raise (caught at the next renewal) or the last swaps (ids handed out again: see 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any, cast
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from ..._errors import DriverMissing, InvalidArgument
 from ...ids import is_digits
 from .._urls import ENCODE_HINT, misplaced_at, scrub
 from ..engine import Engine
 from ..over_cas.ranges import CasRangeStore
-from ..replication import FAILOVER_GAP_PARAMETER, UNSAFE_REPLICATION, failover_gap
+from ..replication import (
+    FAILOVER_GAP_PARAMETER,
+    FEWER_REPLICAS,
+    UNSAFE_REPLICATION,
+    failover_gap,
+)
 from .cas import RedisCasStore, RedisErrors
 from .cas import weak_persistence as weak_persistence  # its public path, kept
 from .leases import RedisLeaseStore
@@ -40,10 +52,50 @@ from .quorum import RedisQuorumNode
 
 DEFAULT_PREFIX = "idmint"
 DEFAULT_PORT = 6379
+DEFAULT_SENTINEL_PORT = 26379
+#: The Sentinels' own credentials (`requirepass`, or an ACL user, on the Sentinels).
+SENTINEL_PARAMETERS = ("sentinel_username", "sentinel_password")
+_SENTINEL_FORM = "redis+sentinel://host1:26379,host2:26379/SERVICE[/db]"
+_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
+
+
+def _sentinels(
+    parts: SplitResult, bad: Callable[[str], InvalidArgument]
+) -> tuple[list[tuple[str, int]], str, str]:
+    """A redis+sentinel:// URL's Sentinels (host, port), the service name and the database."""
+    hostlist = parts.netloc.rpartition("@")[2]
+    if not hostlist:
+        raise bad(f"it names no Sentinel ({_SENTINEL_FORM})")
+    sentinels = []
+    for item in hostlist.split(","):
+        host, port = item, ""
+        if item.startswith("["):  # [IPv6]:port
+            end = item.find("]")
+            host, port = item[: end + 1], item[end + 2 :]
+            if end < 0 or item[end + 1 : end + 2] not in ("", ":"):
+                host = item  # not [IPv6] nor [IPv6]:port: refused below
+        elif ":" in item:
+            host, _, port = item.rpartition(":")
+        if not _HOST.fullmatch(host):
+            raise bad(f"{item!r} is not a Sentinel's host[:port] ({_SENTINEL_FORM})")
+        if (port or item.endswith(":")) and not (is_digits(port) and 0 < int(port) < 65536):
+            raise bad(f"port {port!r} is not a number from 1 to 65535")
+        sentinels.append((host.strip("[]"), int(port) if port else DEFAULT_SENTINEL_PORT))
+    path = [unquote(piece) for piece in parts.path.split("/")[1:]]
+    if not path or not path[0]:
+        raise bad(f"it names no Sentinel service, the primary's name ({_SENTINEL_FORM})")
+    if len(path) > 2 or (len(path) == 2 and not path[1]):
+        raise bad(f"the path must be /SERVICE or /SERVICE/db ({_SENTINEL_FORM})")
+    service = path[0]
+    if not service.isprintable() or any(c.isspace() for c in service):
+        raise bad(f"the service name {service!r} holds a blank or a control character")
+    return sentinels, service, path[1] if len(path) == 2 else "0"
 
 
 def _parse(url: str, display: str) -> dict[str, Any]:
-    """Connection arguments and the key prefix from a redis:// or rediss:// URL."""
+    """Connection arguments and the key prefix from a redis:// or rediss:// URL; or from a
+    redis+sentinel:// or rediss+sentinel:// URL: `sentinels`, `service` and `sentinel` (the
+    Sentinels' connection arguments) in place of `host` and `port`."""
 
     def bad(reason: str) -> InvalidArgument:
         # urlsplit's reasons quote what it made of the URL: maybe pieces of a password
@@ -51,23 +103,38 @@ def _parse(url: str, display: str) -> dict[str, Any]:
 
     if misplaced_at(url):
         raise bad(ENCODE_HINT)
+    scheme = url.partition("://")[0].lower()
+    sentinel = scheme.endswith("+sentinel")
     try:
         parts = urlsplit(url)
-        port = parts.port or DEFAULT_PORT
+        port = DEFAULT_SENTINEL_PORT if sentinel else parts.port or DEFAULT_PORT
     except ValueError as exc:
         raise bad(str(exc)) from None
-    if not parts.hostname:
+    endpoint: dict[str, Any]
+    if sentinel:
+        sentinels, service, db = _sentinels(parts, bad)
+        endpoint = {"sentinels": sentinels, "service": service}
+    elif not parts.hostname:
         raise bad("it names no host")
-    db = parts.path.strip("/") or "0"
+    else:
+        endpoint = {"host": parts.hostname, "port": port}
+        db = parts.path.strip("/") or "0"
     if not is_digits(db):
         raise bad(f"the database must be a number, not {db!r}")
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    known = ("prefix", "unsafe", UNSAFE_REPLICATION, FAILOVER_GAP_PARAMETER)
+    known: tuple[str, ...] = (
+        "prefix",
+        "unsafe",
+        UNSAFE_REPLICATION,
+        FEWER_REPLICAS,
+        FAILOVER_GAP_PARAMETER,
+    )
+    known += SENTINEL_PARAMETERS if sentinel else ()
     unknown = set(query) - set(known)
     if unknown:
         raise bad(f"unknown parameter {sorted(unknown)[0]!r} (only {', '.join(known)})")
     flags = {}
-    for flag in ("unsafe", UNSAFE_REPLICATION):
+    for flag in ("unsafe", UNSAFE_REPLICATION, FEWER_REPLICAS):
         value = query.get(flag, "0").lower()
         if value not in ("0", "1", "true", "false", "yes", "no"):
             raise bad(f"{flag} must be 1 or 0, not {value!r}")
@@ -75,17 +142,24 @@ def _parse(url: str, display: str) -> dict[str, Any]:
     prefix = query.get("prefix", DEFAULT_PREFIX)
     if not prefix:
         raise bad("the prefix is empty")
+    ssl = scheme in ("rediss", "rediss+sentinel")
+    if sentinel:
+        endpoint["sentinel"] = {
+            "username": query.get("sentinel_username") or None,
+            "password": query.get("sentinel_password"),  # parse_qsl decoded both
+            "ssl": ssl,
+        }
     return {
-        "host": parts.hostname,
-        "port": port,
+        **endpoint,
         "db": int(db),
         # urlsplit leaves them percent-encoded, as the URL must write "/ ? # @ :" in them
         "username": unquote(parts.username) if parts.username else None,
         "password": unquote(parts.password) if parts.password is not None else None,
-        "ssl": parts.scheme.lower() == "rediss",
+        "ssl": ssl,
         "prefix": prefix,
         "unsafe": flags["unsafe"],
         UNSAFE_REPLICATION: flags[UNSAFE_REPLICATION],
+        FEWER_REPLICAS: flags[FEWER_REPLICAS],
         "gap": failover_gap(query.get(FAILOVER_GAP_PARAMETER), display),
     }
 
@@ -102,19 +176,48 @@ def _driver() -> Any:
 
 
 def _client(redis: Any, args: dict[str, Any], timeout: float, *, retries: int) -> Any:
-    """A redis.Redis (its own connection pool) on the parsed URL's server; no I/O."""
+    """A redis.Redis (its own connection pool) on the parsed URL's server, or on the primary
+    its Sentinels name; no I/O."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    return redis.Redis(
-        **args,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        decode_responses=True,
+    def retry(retries: int) -> Any:
         # Retries are immediate and only on a broken connection, never on a timeout:
         # `timeout` bounds each operation.
-        retry=Retry(NoBackoff(), retries, supported_errors=(redis.exceptions.ConnectionError,)),
-    )
+        return Retry(NoBackoff(), retries, supported_errors=(redis.exceptions.ConnectionError,))
+
+    settings = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if "sentinels" not in args:
+        return redis.Redis(**args, **settings, decode_responses=True, retry=retry(retries))
+    return _sentinel_client(redis, args, settings, retry(retries), retry(1))
+
+
+def _sentinel_client(
+    redis: Any, args: dict[str, Any], settings: dict[str, Any], retry: Any, sentinel_retry: Any
+) -> Any:
+    """A redis.Redis on the primary the Sentinels name: each new connection asks them (the
+    first that answers, and names a primary it does not think down) and connects there;
+    one that finds a replica there (READONLY: a demoted primary) is dropped. Closing it
+    closes the connections to the Sentinels too."""
+    args = dict(args)
+    sentinels, service = args.pop("sentinels"), args.pop("service")
+    # One immediate retry on a broken connection to a Sentinel (a pooled one it dropped);
+    # one that is down is skipped for the next. Never the driver's default retries, which
+    # back off for seconds.
+    sentinel_args = {**args.pop("sentinel"), **settings, "retry": sentinel_retry}
+    manager = redis.sentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_args)
+    client = manager.master_for(service, **args, **settings, decode_responses=True, retry=retry)
+    close = client.close
+
+    def close_all() -> None:
+        try:
+            close()
+        finally:
+            for each in manager.sentinels:  # Sentinel.close() is newer than redis-py 5
+                each.close()
+
+    client.close = close_all
+    return client
 
 
 def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
@@ -124,8 +227,13 @@ def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
     redis = _driver()
     prefix = args.pop("prefix")
     unsafe = bool(args.pop("unsafe"))
-    # Replicas each write does not wait for, and the fence's gap (see failover.py).
-    replication = {"unsafe_replication": args.pop(UNSAFE_REPLICATION), "gap": args.pop("gap")}
+    # Replicas each write does not wait for, writes with fewer replicas than the prefix has
+    # waited for, and the fence's gap (see failover.py).
+    replication = {
+        "unsafe_replication": args.pop(UNSAFE_REPLICATION),
+        "fewer_replicas": args.pop(FEWER_REPLICAS),
+        "gap": args.pop("gap"),
+    }
     # Connection errors and timeouts above all, but also a server that refuses to write
     # (READONLY replica, OOM, MISCONF): all are the store failing, not the caller.
     errors = RedisErrors(

@@ -130,6 +130,14 @@ def guarded(body: str) -> str:
     return _GUARD % body
 
 
+def no_script_error() -> type[Exception]:
+    """redis-py's NoScriptError (EVALSHA of a script the server has not cached: a new or
+    restarted server), imported when first needed: the driver is optional."""
+    from redis.exceptions import NoScriptError
+
+    return NoScriptError
+
+
 class RedisFailover:
     """The guard's other half for one prefix on one Redis: waits for the replicas each
     guarded write names, and fences a failover (see the module doc)."""
@@ -229,7 +237,7 @@ class RedisFailover:
             if expected:
                 commands.append(("WAIT", expected, self._wait_ms))
             replies = self._exchange(conn, commands)
-            if isinstance(replies[0], self._no_script):  # not cached on this server yet
+            if isinstance(replies[0], no_script_error()):  # not cached on this server yet
                 commands[0] = ("EVAL", script.script, len(keys), *keys, *args)
                 replies = self._exchange(conn, commands)
             for reply in replies:
@@ -264,12 +272,6 @@ class RedisFailover:
             except ResponseError as exc:
                 replies.append(exc)
         return replies
-
-    @property
-    def _no_script(self) -> type[Exception]:
-        from redis.exceptions import NoScriptError
-
-        return NoScriptError
 
     def set_required(self, replicas: int) -> int:
         """Set how many replicas every write must wait for (`idmint replicas --set`); the

@@ -5,7 +5,9 @@ A quorum key is only as safe as its nodes' memory: a node that restarts without 
 acknowledged lets a later round take those ids again. Redis keeps an acknowledged write
 through a crash of the machine only with `appendonly yes` and `appendfsync always`, so
 `durability()` reads CONFIG GET and names anything weaker; the strategy refuses such nodes
-unless the caller opts in to being unsafe.
+unless the caller opts in to being unsafe. Likewise a node must be independent: a replica
+promoted by a failover may lack the last claims, so `replication()` reads INFO replication and
+the strategy refuses a replica, and a primary with replicas unless the caller opts in.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from ..._errors import StoreUnavailable
+from ..._errors import InvalidArgument, StoreUnavailable
 from ..._fork import orphan
 from ..base import StoreIdentity
+from ..replication import ReplicationState, redis_state
 from .cas import RedisCasStore, weak_persistence
+from .failover import no_script_error
 
 T = TypeVar("T")
 
@@ -90,7 +94,7 @@ class RedisQuorumNode:
             conn.send_command("EVALSHA", self._sha, *args)
             try:
                 return conn.read_response()
-            except self._no_script:  # a new or restarted server: send the script itself
+            except no_script_error():  # a new or restarted server: send the script itself
                 conn.send_command("EVAL", _CLAIM, *args)
                 return conn.read_response()
         except BaseException:
@@ -145,26 +149,40 @@ class RedisQuorumNode:
         else:
             orphan(conn)  # a parent's socket: never used nor closed here
 
-    @property
-    def _no_script(self) -> type[Exception]:
-        from redis.exceptions import NoScriptError
-
-        return NoScriptError
-
-    def durability(self) -> str | None:
+    def _read_settings(self, ask: Callable[[], T]) -> T | BaseException:
+        """`ask`'s answer, or why the server refused it (ACLs, a renamed command, a managed
+        Redis), returned: a setting that cannot be read shows nothing about the node. A node
+        down or slow raises StoreUnavailable: it is asked again once it answers."""
         errors = self._cells._errors
         try:
-            config = self._call(lambda: self._client.config_get("*append*"), idempotent=True)
+            return self._call(ask, idempotent=True)
         except StoreUnavailable as exc:
             cause = exc.__cause__
             if isinstance(cause, errors.broken | errors.timeout):
-                raise  # down or slow: asked again once it answers
-            # refused (ACLs, a renamed CONFIG, a managed Redis): nothing shows it fsyncs
-            return f"its persistence settings cannot be read: {cause or exc}"
+                raise
+            return cause or exc
+
+    def durability(self) -> str | None:
+        config = self._read_settings(lambda: self._client.config_get("*append*"))
+        if isinstance(config, BaseException):  # nothing shows it fsyncs
+            return f"its persistence settings cannot be read: {config}"
         weak = weak_persistence(cast(dict[str, str], config))
         if weak is None and "appendonly" not in config:
             return "CONFIG GET answered without its persistence settings"
         return None if weak is None else f"Redis runs with {weak}"
+
+    def replication(self) -> ReplicationState:
+        """The server's replication now (INFO replication). A claim is not followed by WAIT
+        (it would cost a round trip and still not make a replica take over with the claim),
+        so no replica counts as waited for."""
+        info = self._read_settings(lambda: self._client.info("replication"))
+        if isinstance(info, BaseException):
+            raise InvalidArgument(
+                f"quorum node {self.display_url}: its replication cannot be read "
+                f"(INFO replication: {info}), so nothing shows it is no replica and "
+                "has none; let idmint's user run INFO (docs/quorum.md)"
+            ) from info
+        return redis_state(cast(dict[str, Any], info), waits=False)
 
     def identity(self) -> StoreIdentity | None:
         return self._cells.identity()

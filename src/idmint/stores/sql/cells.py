@@ -6,7 +6,8 @@ conditional UPDATE, atomic and committed before it answers.
   keep themselves. Segment keys on SQL use the one-statement allocation of sql/ranges.py
   instead (faster: no lost swaps, one round trip).
 - A quorum node's counters (name, counter): a claim is `WHERE counter < start`; the first
-  claim of a key inserts its row instead.
+  claim of a key inserts its row instead. Its replication (`replication()`, from the
+  connection) is checked by the strategy: quorum nodes must be independent.
 """
 
 from __future__ import annotations
@@ -93,10 +94,18 @@ class SqlQuorumNode(SqlConnection):
         def raise_or_read(cur: Any) -> int | None:
             cur.execute(self._raise, (end, key, start))
             if cur.rowcount == 1:
+                # Confirmed as a swap is: a claim is acknowledged only once the replicas its
+                # commit waits for have it (MySQL's semi-synchronous replication may fall
+                # back to asynchronous), else a failover could take it back.
+                self._confirm_write(cur)
                 return None
             cur.execute(self._read, (key,))
             row = cur.fetchone()
             return -1 if row is None else int(row[0])
+
+        def insert(cur: Any) -> None:
+            cur.execute(self._insert, (key, end))
+            self._confirm_write(cur)
 
         # Between our statements another caller may insert the row: then we go round again.
         for _ in range(3):
@@ -108,7 +117,7 @@ class SqlQuorumNode(SqlConnection):
             if counter >= 0:
                 continue  # the row appeared after the UPDATE, below start
             try:  # no row: the counter is 0, below any start
-                self._run(lambda cur: cur.execute(self._insert, (key, end)), transaction=False)
+                self._run(insert, transaction=False)
             except self._dialect.duplicate:
                 continue
             return True, end

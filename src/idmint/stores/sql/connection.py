@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -331,21 +331,14 @@ class SqlConnection(ForkAware):
         may lack the old primary's last ranges, lease renewals and new leases; ids handed out
         under them must not come again. False if another process fenced first."""
         p = self._dialect.param
-        cur.execute(self._dialect.begin)
-        try:
+        with self._bare_transaction(cur):
             cur.execute(
                 f"UPDATE {META_TABLE} SET value = {p} WHERE name = {p} AND value = {p}",
                 (lineage, LINEAGE, recorded),
             )
             if cur.rowcount != 1:
-                cur.execute("ROLLBACK")
-                return False
+                return False  # another process fenced: this transaction changed nothing
             self._move_counters(cur)
-            cur.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(Exception):
-                cur.execute("ROLLBACK")
-            raise
         log.error(
             "store %s: FAILOVER: the primary's lineage is %s, the store recorded %s: another "
             "server became the primary, and may lack the last ranges and leases. Fenced: every "
@@ -357,6 +350,19 @@ class SqlConnection(ForkAware):
         )
         note_failover(self.display_url, recorded, lineage)
         return True
+
+    @contextlib.contextmanager
+    def _bare_transaction(self, cur: Any) -> Iterator[None]:
+        """A transaction on `cur` without _run's replication check: committed when the block
+        ends (returns included), rolled back when it raises."""
+        cur.execute(self._dialect.begin)
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
 
     def _move_counters(self, cur: Any) -> None:
         """A fence's writes, inside its transaction: every key and stripe up the gap (never
@@ -383,8 +389,9 @@ class SqlConnection(ForkAware):
         p = self._dialect.param
 
         def change(cur: Any) -> int:
-            cur.execute(self._dialect.begin)
-            try:
+            # Not _run's transaction: its replication check refuses the very shortfall this
+            # is run to resolve.
+            with self._bare_transaction(cur):
                 select = f"SELECT value FROM {META_TABLE} WHERE name = {p}"
                 cur.execute(select + self._dialect.for_update, (REQUIRED,))
                 row = cur.fetchone()
@@ -400,11 +407,6 @@ class SqlConnection(ForkAware):
                 )
                 if replicas < old:
                     self._move_counters(cur)
-                cur.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    cur.execute("ROLLBACK")
-                raise
             return old
 
         old = self._run(change, transaction=False)
