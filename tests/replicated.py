@@ -146,21 +146,19 @@ def redis_pair(*, link: str | None = None) -> Iterator[tuple[RedisServer, RedisS
 
 @contextlib.contextmanager
 def mariadb_pair(*, semi_sync: bool) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    """A MariaDB primary writing a binary log and a replica of it (server ids 1 and 2), the
-    link up; with `semi_sync`, semi-synchronous replication on both (a commit waits up to 1 s
-    for the replica's acknowledgement, then falls back to asynchronous)."""
+    """A MariaDB primary and a replica of it (server ids 1 and 2), the link up; with
+    `semi_sync`, semi-synchronous replication on both (a commit waits up to 1 s for the
+    replica's acknowledgement, then falls back to asynchronous). The replica is fit to be
+    promoted, as failover managers (MaxScale, Orchestrator, replication-manager) require: it
+    follows by GTID and writes a binary log of its own, with what it applies."""
     waits = ["--rpl-semi-sync-master-enabled=ON", "--rpl-semi-sync-master-timeout=1000"]
-    primary = MariaDBServer(
-        extra_options=[
-            "--server-id=1",
-            "--log-bin=binlog",
-            "--binlog-format=ROW",
-            *(waits if semi_sync else []),
-        ]
-    )
+    binlog = ["--log-bin=binlog", "--binlog-format=ROW"]
+    primary = MariaDBServer(extra_options=["--server-id=1", *binlog, *(waits if semi_sync else [])])
     replica = MariaDBServer(
         extra_options=[
             "--server-id=2",
+            *binlog,
+            "--log-slave-updates",
             "--relay-log=relay",
             *(["--rpl-semi-sync-slave-enabled=ON"] if semi_sync else []),
         ]
@@ -168,26 +166,29 @@ def mariadb_pair(*, semi_sync: bool) -> Iterator[tuple[MariaDBServer, MariaDBSer
     try:
         primary.start()
         replica.start()
-        file, position = sql(primary, "SHOW MASTER STATUS")[0][:2]
+        # Both fresh: the replica's empty gtid_slave_pos is the primary's first GTID.
         sql(
             replica,
             f"CHANGE MASTER TO MASTER_HOST='{LOOPBACK}', MASTER_PORT={primary.port}, "
-            f"MASTER_USER='root', MASTER_PASSWORD='', MASTER_LOG_FILE='{file}', "
-            f"MASTER_LOG_POS={position}",
+            "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos",
             "START SLAVE",
         )
-        wait_until(lambda: _binlog_dumps(primary) == 1, 30, "the replica to connect")
+        wait_until(lambda: binlog_dumps(primary) == 1, 30, "the replica to connect")
         yield primary, replica
     finally:
         replica.close()
         primary.close()
 
 
-def sql(server: MariaDBServer, *statements: str) -> list[tuple[object, ...]]:
-    """Run statements on a MariaDB server as root; the last one's rows."""
-    conn = pymysql.connect(
+def _connect(server: MariaDBServer) -> pymysql.Connection[pymysql.cursors.Cursor]:
+    return pymysql.connect(
         host=LOOPBACK, port=server.port, user="root", password="", autocommit=True
     )
+
+
+def sql(server: MariaDBServer, *statements: str) -> list[tuple[object, ...]]:
+    """Run statements on a MariaDB server as root; the last one's rows."""
+    conn = _connect(server)
     try:
         rows: list[tuple[object, ...]] = []
         with conn.cursor() as cur:
@@ -199,12 +200,43 @@ def sql(server: MariaDBServer, *statements: str) -> list[tuple[object, ...]]:
         conn.close()
 
 
-def promote(replica: MariaDBServer) -> None:
-    """What an operator (or orchestrator) does to make a MariaDB replica the primary."""
+def replica_status(server: MariaDBServer) -> dict[str, object]:
+    """SHOW SLAVE STATUS as {column: value}; {} for a server that replicates from nobody."""
+    conn = _connect(server)
+    try:
+        with conn.cursor(pymysql.cursors.DictCursor) as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            return dict(cur.fetchone() or {})
+    finally:
+        conn.close()
+
+
+def promote(replica: MariaDBServer, *, apply_relay_log: bool = True, timeout: float = 30) -> None:
+    """Make a MariaDB replica the primary (its primary is dead) as failover managers do
+    (MaxScale, Orchestrator, replication-manager): stop receiving, wait until the SQL thread
+    has applied everything the IO thread received (its relay log), then forget the primary and
+    take writes. Semi-synchronous replication acknowledges a commit once the replica has
+    received it, not applied it: the relay log holds acknowledged commits.
+
+    apply_relay_log=False is the old way, the negative control: STOP SLAVE; RESET SLAVE ALL at
+    once throws away the relay log, and with it the acknowledged commits the SQL thread had
+    not applied yet."""
+    if apply_relay_log:
+        sql(replica, "STOP SLAVE IO_THREAD")
+        wait_applied(replica, str(replica_status(replica).get("Gtid_IO_Pos", "")), timeout)
     sql(replica, "STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF")
 
 
-def _binlog_dumps(primary: MariaDBServer) -> int:
+def wait_applied(replica: MariaDBServer, position: str, timeout: float = 30) -> None:
+    """Wait until `replica` has applied every transaction up to GTID `position` (a primary's
+    @@gtid_binlog_pos, or what the replica received: Gtid_IO_Pos); TimeoutError after
+    `timeout` s (MASTER_GTID_WAIT's own bound: it answers 0 when applied, -1 when it ran out)."""
+    if sql(replica, f"SELECT MASTER_GTID_WAIT('{position}', {timeout})") != [(0,)]:
+        raise TimeoutError(f"the replica did not apply up to {position} in {timeout:g}s")
+
+
+def binlog_dumps(primary: MariaDBServer) -> int:
+    """The replicas connected to `primary` (the threads sending them its binary log)."""
     rows = sql(
         primary,
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'",

@@ -9,6 +9,7 @@ second longer, end a call to a server that stopped answering.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
@@ -16,6 +17,7 @@ from ..._errors import DriverMissing, InvalidArgument
 from .._urls import ENCODE_HINT, misplaced_at, scrub
 from ..engine import Engine
 from ..replication import (
+    REPLICA,
     ReplicationState,
     mysql_state,
     semi_sync_fields,
@@ -66,16 +68,26 @@ SELECT @@read_only, @@server_id, {uuid},
 def replication(cur: Any) -> ReplicationState:
     """The server's role, lineage (MySQL's server_uuid, MariaDB's server_id), replicas and
     semi-synchronous replication (see stores/replication.py)."""
-    cur.execute("SELECT VERSION()")
-    mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
+    # The version the handshake gave: no round trip (this runs before every write).
+    mariadb = "mariadb" in str(cur.connection.get_server_info()).lower()
     cur.execute(MYSQL_QUERY.format(uuid="NULL" if mariadb else "@@server_uuid"))
     row = tuple(cur.fetchone())
-    return mysql_state(row, _replica_threads(cur), _semi_sync(cur, "VARIABLES", "STATUS"))
+    replicating = _replicating(_replica_status(cur))
+    if replicating is not None:
+        return ReplicationState(REPLICA, None, 0, 0, replicating)
+    state = mysql_state(row, [], _semi_sync(cur, "VARIABLES", "STATUS"))
+    # Fallen back with no replica connected is not replicas that stopped acknowledging for a
+    # while: there is none. The store's requirement alone says whether writes go on (a
+    # promoted primary alone is refused for it, and told of `idmint replicas --set`), and a
+    # commit that falls back is still refused after it (confirm_commit).
+    return state if state.replicas else replace(state, degraded=False)
 
 
-def _replica_threads(cur: Any) -> list[str]:
-    """The *_IO_Running and *_SQL_Running values of SHOW REPLICA STATUS (SHOW SLAVE STATUS
-    before MySQL 8.0.22 and MariaDB 10.5); none when the statement is refused (privileges)."""
+def _replica_status(cur: Any) -> list[dict[str, str]]:
+    """SHOW REPLICA STATUS (SHOW SLAVE STATUS before MySQL 8.0.22 and MariaDB 10.5): a row per
+    replication channel, its columns named as MariaDB does (Slave_IO_Running,
+    Read_Master_Log_Pos, ...: MySQL 8.0.22 says Replica_ and Source); none when the statement
+    is refused (privileges)."""
     import pymysql
 
     for statement in ("SHOW REPLICA STATUS", "SHOW SLAVE STATUS"):
@@ -83,14 +95,40 @@ def _replica_threads(cur: Any) -> list[str]:
             cur.execute(statement)
         except (pymysql.err.ProgrammingError, pymysql.err.OperationalError):
             continue
-        names = [str(d[0]) for d in cur.description or ()]
-        return [
-            str(value)
-            for row in cur.fetchall()
-            for name, value in zip(names, row, strict=False)
-            if name.endswith(("_IO_Running", "_SQL_Running"))
+        names = [
+            str(d[0]).replace("Replica_", "Slave_").replace("Source", "Master")
+            for d in cur.description or ()
         ]
+        return [dict(zip(names, map(str, row), strict=False)) for row in cur.fetchall()]
     return []
+
+
+def _replicating(channels: list[dict[str, str]]) -> str | None:
+    """Why a server is still a replica by SHOW REPLICA STATUS, or None. A replication thread
+    that is not stopped (running, or the IO thread connecting: a primary that came back would
+    pour its writes in). Or both stopped before the SQL thread applied what the IO thread had
+    received: semi-synchronous replication acknowledges a commit once a replica has received
+    it, not applied it, so that relay log holds acknowledged commits, and a replica promoted
+    without them hands their ranges out again; RESET SLAVE throws them away, and what it
+    leaves cannot tell (docs/stores.md, MySQL and MariaDB)."""
+    for channel in channels:
+        threads = [
+            f"{name} {channel[name]}"
+            for name in ("Slave_IO_Running", "Slave_SQL_Running")
+            if channel.get(name, "No") != "No"
+        ]
+        if threads:
+            return f"replicating (SHOW REPLICA STATUS: {', '.join(threads)})"
+        received = channel.get("Master_Log_File", ""), channel.get("Read_Master_Log_Pos", "")
+        applied = channel.get("Relay_Master_Log_File", ""), channel.get("Exec_Master_Log_Pos", "")
+        if received[0] and received != applied:
+            return (
+                "replication stopped before the relay log was applied: received up to "
+                f"{':'.join(received)}, applied up to {':'.join(applied)}; finish the "
+                "promotion: START SLAVE SQL_THREAD, wait until it has applied everything "
+                "(MASTER_GTID_WAIT), then RESET SLAVE ALL"
+            )
+    return None
 
 
 def _semi_sync(cur: Any, *kinds: str) -> dict[str, str]:
@@ -102,24 +140,31 @@ def _semi_sync(cur: Any, *kinds: str) -> dict[str, str]:
 
 
 def confirm_commit(cur: Any, last: str | None) -> tuple[str | None, str | None]:
-    """After a commit on a primary with semi-synchronous replication enabled: why that
-    commit may not have reached a replica, or None. MySQL answers a commit no replica
-    acknowledged within rpl_semi_sync_master_timeout anyway, falls back to asynchronous
-    replication and counts it in Rpl_semi_sync_master_no_tx: so the status must be on and
-    the count as this connection last saw it (`last`). Returns the count and the why; with
-    `last` None (a new connection), (None, None) when semi-sync is not enabled: nothing to
-    confirm."""
-    kinds = ("STATUS",) if last is not None else ("VARIABLES", "STATUS")
-    fields = _semi_sync(cur, *kinds)
-    if last is None and fields.get("enabled") != "ON":
-        return None, None
+    """After a commit on a primary: why that commit may not have reached a replica, or None.
+    MySQL and MariaDB answer a commit no replica acknowledged within
+    rpl_semi_sync_master_timeout anyway, fall back to asynchronous replication and count it in
+    Rpl_semi_sync_master_no_tx: so the status must be on and the count as this connection last
+    saw it (`last`; None on a new connection, which only takes the count). A server not set to
+    wait (semi-sync off, or no plugin) promised nothing: a replica connected to it was refused
+    before the write. Read after every commit, whatever the server said when the connection
+    was made: semi-sync is turned on (a replica added to a running primary) and off (a primary
+    left alone) while processes run. Returns the count (never None: there is always something
+    to confirm) and the why."""
+    fields = _semi_sync(cur, "STATUS")
     no_tx = fields.get("no_tx", "")
-    why = None
-    if fields.get("status") != "ON":
-        why = "semi-synchronous replication has fallen back to asynchronous (status OFF)"
-    elif last is not None and no_tx != last:
-        why = f"commits went without a replica's acknowledgement (no_tx {last} -> {no_tx})"
-    return no_tx, why
+    if last is None:
+        return no_tx, None
+    if fields.get("status") == "ON":
+        if no_tx == last:
+            return no_tx, None
+        return no_tx, f"commits went without a replica's acknowledgement (no_tx {last} -> {no_tx})"
+    if _semi_sync(cur, "VARIABLES").get("enabled") != "ON":
+        return no_tx, None
+    return no_tx, (
+        "semi-synchronous replication has fallen back to asynchronous (status OFF): no replica "
+        "acknowledged the commit in time, and writes wait until one does (a primary meant to "
+        "run alone: set rpl_semi_sync_master_enabled=OFF)"
+    )
 
 
 # Made before the common schema, whose CREATE TABLE IF NOT EXISTS then leaves it as it is. Cell
