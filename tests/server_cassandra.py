@@ -32,11 +32,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from servers import LOOPBACK, Pausable, ServerStartError, _Watchdog, free_port, wait_until
+from servers import (
+    LOOPBACK,
+    Pausable,
+    ServerStartError,
+    _Watchdog,
+    free_port,
+    install_dirs,
+    wait_until,
+)
 
 __all__ = ["CassandraCluster", "CassandraServer", "find_cassandra_home", "find_java_home"]
 
@@ -192,21 +199,12 @@ inter_dc_tcp_nodelay: false
 """
 
 
-def _cache_dirs() -> Iterator[Path]:
-    """Where .ci/install-cassandra may have put the distribution."""
-    if os.environ.get("IDMINT_CASSANDRA_DIR"):
-        yield Path(os.environ["IDMINT_CASSANDRA_DIR"])
-    yield Path("/var/cache/idmint-test/cassandra")
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    yield Path(xdg) / "idmint-test" / "cassandra"
-
-
 def find_cassandra_home() -> Path:
     """The unpacked Cassandra 2.1.0 ($IDMINT_CASSANDRA_HOME, else .ci/install-cassandra's)."""
     if os.environ.get("IDMINT_CASSANDRA_HOME"):
         candidates = [Path(os.environ["IDMINT_CASSANDRA_HOME"])]
     else:
-        candidates = [d / VERSION_DIR for d in _cache_dirs()]
+        candidates = [d / VERSION_DIR for d in install_dirs("cassandra")]
     for home in candidates:
         if (home / "bin" / "cassandra").is_file():
             return home

@@ -109,6 +109,16 @@ def running(servers: Sequence[StartableT]) -> Iterator[Sequence[StartableT]]:
             server.close()
 
 
+def install_dirs(name: str) -> Iterator[Path]:
+    """Where a .ci/install-NAME script may have put what it installs, in its order:
+    $IDMINT_<NAME>_DIR, /var/cache/idmint-test/NAME (as root), the user's cache."""
+    if os.environ.get(f"IDMINT_{name.upper()}_DIR"):
+        yield Path(os.environ[f"IDMINT_{name.upper()}_DIR"])
+    yield Path("/var/cache/idmint-test") / name
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    yield Path(xdg) / "idmint-test" / name
+
+
 def wait_until(
     predicate: Callable[[], object],
     timeout: float,
