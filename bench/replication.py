@@ -6,13 +6,16 @@ waiting for the replica versus the same primary with no waiting, in one run.
 
 Per engine, a primary and a replica on loopback, with the engines' own replication
 (tests/replicated.py): Redis with a replica (`appendfsync always`), PostgreSQL with a
-synchronous standby, MariaDB with a semi-synchronous replica. Two clients on the primary:
+synchronous standby (`postgresql`) and with an asynchronous one (`postgresql-async`), MariaDB
+with a semi-synchronous replica. Two clients on the primary:
 
   safe   the default URL: Redis WAITs for the replica after each write, a PostgreSQL commit
-         waits for the synchronous standby, a MariaDB commit for the replica's
-         acknowledgement and idmint confirms it (one status read)
-  none   the same primary without waiting (?unsafe_replication=1; PostgreSQL's session sets
-         synchronous_commit=local; MariaDB's semi-sync is switched off for its blocks)
+         waits for the synchronous standby, or idmint waits after it until the asynchronous
+         standby has flushed it (its flush position read until it is far enough), a MariaDB
+         commit for the replica's acknowledgement and idmint confirms it (one status read)
+  none   the same primary without waiting (?unsafe_replication=1; with the synchronous
+         standby, PostgreSQL's session sets synchronous_commit=local; MariaDB's semi-sync is
+         switched off for its blocks)
 
 Each allocation takes one range (`ranges.allocate`, one store write); the two alternate in
 blocks so that drift hits both. Figures per engine:
@@ -23,6 +26,11 @@ blocks so that drift hits both. Figures per engine:
   next_id_ns_safe, _none   one next_id() from a buffered range (best of 5, taking turns): the
                            hot path, the same in both
   hot_ratio                next_id_ns_safe / next_id_ns_none (target: within noise of 1)
+
+and on PostgreSQL what idmint's own reads cost, each on one connection to the primary (best of
+5 rounds of 1,000): replication_read_ms, the replication read every write makes first
+(POSTGRES_QUERY); flush_read_ms, one reading of the standbys' flush positions (what the wait
+for an asynchronous standby repeats); round_trip_ms, `SELECT 1`, for scale.
 """
 
 from __future__ import annotations
@@ -57,11 +65,12 @@ def primary_urls(engine: str) -> Iterator[tuple[str, str, Callable[[bool], None]
         with redis_pair() as (redis, _):
             url = redis.store_url("bench")
             yield url, url + "&unsafe_replication=1", nothing
-    elif engine == "postgresql":
-        with postgres_pair(synchronous=True) as (postgres, _):
+    elif engine in ("postgresql", "postgresql-async"):
+        synchronous = engine == "postgresql"
+        with postgres_pair(synchronous=synchronous) as (postgres, _):
             url = postgres.url()
-            local = "?unsafe_replication=1&options=-c%20synchronous_commit%3Dlocal"
-            yield url, url + local, nothing
+            local = "&options=-c%20synchronous_commit%3Dlocal" if synchronous else ""
+            yield url, url + "?unsafe_replication=1" + local, nothing
     elif engine == "mysql":
         with mariadb_pair(semi_sync=True) as (mariadb, _):
             url = mariadb.create_database("bench")
@@ -72,7 +81,7 @@ def primary_urls(engine: str) -> Iterator[tuple[str, str, Callable[[bool], None]
 
             yield url, url + "?unsafe_replication=1", switch
     else:
-        raise SystemExit(f"unknown engine {engine!r} (redis, postgresql, mysql)")
+        raise SystemExit(f"unknown engine {engine!r} (redis, postgresql, postgresql-async, mysql)")
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -94,6 +103,30 @@ def next_id_ns(clients: dict[str, Any], key: str, rounds: int = 5) -> dict[str, 
                 gen.next_id()
             best[mode] = min(best[mode], (time.perf_counter_ns() - started) / HOT_CALLS)
     return best
+
+
+def postgres_reads_ms(url: str, calls: int = 1000, rounds: int = 5) -> dict[str, float]:
+    """ms per statement of idmint's own replication reads on PostgreSQL (see the module doc),
+    the best of `rounds`, the statements taking turns."""
+    import psycopg
+
+    from idmint.stores.replication import POSTGRES_FLUSH_QUERY, POSTGRES_QUERY
+
+    statements = {
+        "replication_read_ms": (POSTGRES_QUERY, None),
+        "flush_read_ms": (POSTGRES_FLUSH_QUERY, (None,)),
+        "round_trip_ms": ("SELECT 1", None),
+    }
+    best = {name: float("inf") for name in statements}
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        for _ in range(rounds):
+            for name, (query, params) in statements.items():
+                started = time.perf_counter()
+                for _ in range(calls):
+                    cur.execute(query, params)
+                    cur.fetchall()
+                best[name] = min(best[name], (time.perf_counter() - started) / calls)
+    return {name: round(seconds * 1000, 4) for name, seconds in best.items()}
 
 
 def measure_engine(engine: str, allocations: int) -> dict[str, Any]:
@@ -121,6 +154,7 @@ def measure_engine(engine: str, allocations: int) -> dict[str, Any]:
                 progress(engine, block + 1, blocks)
             switch(True)
             hot = next_id_ns(clients, "hot")
+        reads = postgres_reads_ms(safe_url) if engine.startswith("postgresql") else {}
     rate = {mode: len(t) / sum(t) for mode, t in times.items()}
     return {
         "allocations": len(times["safe"]),
@@ -132,13 +166,14 @@ def measure_engine(engine: str, allocations: int) -> dict[str, Any]:
         "next_id_ns_safe": round(hot["safe"], 1),
         "next_id_ns_none": round(hot["none"], 1),
         "hot_ratio": round(hot["safe"] / hot["none"], 3),
+        **reads,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--engines", default="redis,postgresql,mysql")
+    parser.add_argument("--engines", default="redis,postgresql,postgresql-async,mysql")
     parser.add_argument("--allocations", type=int, default=2000, help="per engine and mode")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))

@@ -94,14 +94,18 @@ class RedisServer(_RedisProcess):
         also: tuple[str, ...] = (),
         appendfsync: str | None = "always",
         replica_of: tuple[str, int] | None = None,
+        diskless_sync_delay: int = 0,
     ) -> None:
         """`also`: more addresses to listen on (clients cut off apart: harness.Partition).
         `appendfsync`: the append-only file's fsync policy; None: no append-only file (a
-        restart then comes back empty). `replica_of`: (host, port) of the primary it follows."""
+        restart then comes back empty). `replica_of`: (host, port) of the primary it follows.
+        `diskless_sync_delay`: seconds it waits, as a primary, before a replica's first sync
+        (for more replicas to share it): 0 here, 5 in Redis's own default."""
         super().__init__(startup_timeout, host, "idmint-redis-")
         self.also = also
         self.replica_of = replica_of
         self.appendfsync = appendfsync
+        self.diskless_sync_delay = diskless_sync_delay
 
     def start(self) -> None:
         if self._proc is not None:
@@ -124,9 +128,10 @@ class RedisServer(_RedisProcess):
             *("--save", "", "--appendonly", "no" if self.appendfsync is None else "yes"),
             *("--appendfsync", self.appendfsync or "always"),
             *("--daemonize", "no", "--protected-mode", "no"),
-            # A primary starts a replica's first sync at once, not after Redis's 5 s wait for
-            # more replicas to share it: each replicated pair in the tests came up 5 s later.
-            *("--repl-diskless-sync-delay", "0"),
+            # By default a primary starts a replica's first sync at once, not after Redis's 5 s
+            # wait for more replicas to share it: each replicated pair in the tests came up 5 s
+            # later.
+            *("--repl-diskless-sync-delay", str(self.diskless_sync_delay)),
         ]
         if self.replica_of is not None:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
@@ -309,6 +314,15 @@ class Sentinels:
             if isinstance(found, tuple | list):
                 return str(found[0]), int(found[1])
         return None
+
+    def await_primary(self, service: str, server: RedisServer, timeout: float = 30) -> None:
+        """Return once the Sentinels name `server` the primary of `service` (a failover to it
+        done); TimeoutError after `timeout` s."""
+        wait_until(
+            lambda: self.primary(service) == (server.host, server.port),
+            timeout,
+            f"the Sentinels to name port {server.port} the primary of {service}",
+        )
 
     def url(self, service: str, query: str = "") -> str:
         """A redis+sentinel:// store URL of `service` through every Sentinel; `query` is

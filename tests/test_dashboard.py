@@ -90,6 +90,7 @@ class Page(HTMLParser):
         self.hidden: set[str] = set()
         self.classes: dict[str, str] = {}  # each element with an id: its class attribute
         self.hrefs: dict[str, str] = {}
+        self.titles: dict[str, str] = {}  # each element with an id: its title (the tooltip)
         self._open: list[list[tuple[str, str]]] = []  # per open element: what its text goes to
         self._active: list[tuple[str, str]] = []
         self._parts: dict[tuple[str, str], list[str]] = {}
@@ -120,6 +121,7 @@ class Page(HTMLParser):
             sinks.append(("id", a["id"] or ""))
             self.classes[a["id"] or ""] = a.get("class") or ""
             self.hrefs[a["id"] or ""] = a.get("href") or ""
+            self.titles[a["id"] or ""] = a.get("title") or ""
             if "hidden" in a:
                 self.hidden.add(a["id"] or "")
         for sink in sinks:
@@ -496,6 +498,15 @@ def test_dashboard_shows_the_stores_replication_and_failovers(stub: StubServer) 
     page = render(stub.url + "/")
     assert page.by_id["f-repl"].endswith("writes wait for 0 · 1 failover(s) fenced")
     assert page.classes["f-repl"] == "warn"
+
+    # Alone after the failover, below the store's requirement: writes are refused, in red.
+    why = "writes wait for 0 replica(s) and the store has waited for 1: a failback ..."
+    alone = state | {"replicas": 0, "waits_for": 0, "required": 1, "risk": why}
+    stub.answers = [{"server": server, "keys": [], "replication": fenced | {"state": alone}}]
+    page = render(stub.url + "/")
+    assert page.by_id["f-repl"].startswith("primary · 0 replica(s) · writes wait for 0 of 1 ")
+    assert page.classes["f-repl"] == "err"
+    assert page.titles["f-repl"].startswith("writes refused: " + why)
 
 
 def test_dashboard_shows_quorum_nodes_and_a_datacenters_keys(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ WATCHED = {
     "idmint_store_failovers_total",
     "idmint_store_replicas",
     "idmint_store_replicas_waited",
+    "idmint_store_replicas_required",
     "up",
 }
 

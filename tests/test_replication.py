@@ -23,6 +23,7 @@ from idmint import StoreUnavailable
 from idmint.ids import is_digits
 from idmint.stores import open_engine
 from idmint.stores.replication import PRIMARY, STANDALONE
+from idmint.strategies.snowflake import LeaseKeeper, SnowflakeOptions
 
 from harness import Partition, Worker, duplicates
 from http_server import ServerProcess
@@ -47,21 +48,18 @@ def _replication(url: str) -> Any:
 
 
 def test_postgres_replication_is_read_on_the_primary_and_the_standby() -> None:
-    """An asynchronous standby is a risk the primary reports, and a write is refused for it
-    unless the URL accepts it (on main nothing warned, and a failover repeated 179,995 ids):
-    StoreUnavailable, which a server answers 503 and a process retries, and no message that
-    advises turning the guard off; a standby is refused as a store (it takes no writes: on
-    main the first write failed with psycopg's ReadOnlySqlTransaction); a promoted standby
-    is a primary on a new timeline."""
+    """An asynchronous standby is waited for (issue 30: it was refused; on main before that
+    nothing warned, and a failover repeated 179,995 ids): idmint waits for its flush after
+    each write, so the state has no risk and writes are served. With unsafe_replication=1
+    it is a risk the primary reports. A standby is refused as a store (it takes no writes:
+    on main the first write failed with psycopg's ReadOnlySqlTransaction); a promoted
+    standby is a primary on a new timeline."""
     with postgres_pair(synchronous=False) as (primary, standby):
         state = _replication(primary.url())
-        assert state.risk and "writes wait for 0" in state.risk
-        with (
-            idmint.connect(primary.url(), timeout=5) as minter,
-            pytest.raises(StoreUnavailable, match=r"writes wait for 0") as refused,
-        ):
-            minter.add_key("k", step=10)
-        assert "unsafe" not in str(refused.value)
+        waits = (state.replicas, state.waits_for, state.waited_after_commit, state.risk)
+        assert waits == (1, 1, 1, None), state
+        with idmint.connect(primary.url(), timeout=5) as minter:
+            minter.add_key("k", step=10)  # served: idmint waits for the standby's flush
         on_primary = _replication(primary.url() + "?unsafe_replication=1")
         assert on_primary.role == PRIMARY and on_primary.replicas == 1
         assert on_primary.waits_for == 0 and "wait for 0" in on_primary.risk
@@ -71,7 +69,8 @@ def test_postgres_replication_is_read_on_the_primary_and_the_standby() -> None:
         standby.promote()
         promoted = _replication(standby.url())
         assert promoted.role == STANDALONE and promoted.lineage == "timeline 2", promoted
-        assert promoted.risk is None
+        # Alone, below the requirement its writes with the standby set: refused, not at risk.
+        assert promoted.required == 1 and promoted.risk == promoted.shortfall is not None
 
 
 def test_a_synchronous_standby_is_waited_for_and_a_cancelled_wait_is_not_served() -> None:
@@ -205,6 +204,47 @@ def _lease(url: str) -> Any:
         engine.close()
 
 
+def test_after_a_fence_a_newcomer_waits_out_the_longest_ttl_any_holder_uses() -> None:
+    """Issue 30 item 9. A holder with a 60 s ttl leases a worker id; the primary dies and the
+    replica, promoted, is fenced (the operator lowers its requirement): the store's life starts
+    again. A newcomer with a 1 s ttl must not issue below any horizon of the old life, so its
+    floor is the fence plus the longest ttl the namespace's holders recorded, past the
+    holder's horizon. The negative control, a newcomer that does not read the record (as on
+    main), waits out max(its ttl, the 10 s default) only: below the holder's horizon."""
+
+    def wall_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    def keeper(engine: Any, ttl: float, record: bool) -> LeaseKeeper:
+        cells = engine.cas() if record else None
+        made = LeaseKeeper(engine.leases(), 4, SnowflakeOptions(ttl=ttl), wall_ms, ttl_cells=cells)
+        made.start()
+        return made
+
+    with redis_pair() as (primary, replica):
+        engine = open_engine(primary.store_url("ttl"), timeout=2)
+        holder = keeper(engine, 60, record=True)
+        horizon = holder.lease().horizon_ms
+        assert primary.client().wait(1, 5000) == 1
+        primary.kill()
+        replica.client().replicaof("NO", "ONE")
+        moved_url = replica.store_url("ttl")
+        with idmint.connect(moved_url, timeout=2) as minter:
+            minter.set_required_replicas(0)  # alone for good: this fences
+        moved = open_engine(moved_url, timeout=2)
+        try:
+            floors = {}
+            for record in (True, False):
+                newcomer = keeper(moved, 1, record)
+                floors[record] = newcomer.lease().floor_ms
+                newcomer.close(None)
+        finally:
+            moved.close()
+            holder.close(None)  # its store is gone: the release fails quietly
+            engine.close()
+    assert floors[True] >= horizon > floors[False], (floors, horizon)
+
+
 def test_a_redis_failover_is_fenced_before_a_range_or_a_lease_is_served(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -245,7 +285,9 @@ def test_replication_and_failovers_show_in_init_stats_readyz_and_metrics() -> No
     """What an operator sees of a Redis primary with a replica: `idmint init`, then a server
     on it, whose /v1/stats, /readyz and /metrics say the role, the replicas and the replicas
     each write waits for; after a failover (the replica promoted, the server's store URL
-    moved with a forwarder standing in for a virtual IP) the fence is counted in all three."""
+    moved with a forwarder standing in for a virtual IP) the fence is counted in all three,
+    and the promoted primary, alone below the store's requirement, refuses writes (503, not
+    ready) until the old primary is back as its replica."""
     with redis_pair() as (primary, replica), Forwarder(primary.port) as vip:
         url = f"redis://127.0.0.1:{vip.port}/0?prefix=ops"
         init = subprocess.run(
@@ -279,8 +321,34 @@ def test_replication_and_failovers_show_in_init_stats_readyz_and_metrics() -> No
                 return bool(httpx.get(server.url + "/v1/stats").json()["replication"]["failovers"])
 
             wait_until(fenced, 20, "a refill on the promoted replica to fence it")
-            assert "1 failover(s) fenced" in httpx.get(server.url + "/readyz").text
             assert "idmint_store_failovers_total 1.0" in httpx.get(server.url + "/metrics").text
+
+            # Alone, below the store's requirement: once the buffer is spent the id route
+            # answers 503 with the reason (issue 30: it was 400), the server stays up and not
+            # ready, and every view says writes wait for 0 of the 1 required.
+            def ids_status() -> int:
+                return httpx.get(server.url + "/v1/keys/k/ids", params={"count": 100}).status_code
+
+            wait_until(lambda: ids_status() == 503, 20, "the buffered ids to run out")
+            refused = httpx.get(server.url + "/v1/keys/k/ids")
+            assert refused.status_code == 503 and "has waited for 1" in refused.text
+            probe = httpx.get(server.url + "/readyz")
+            assert probe.status_code == 503 and "has waited for 1" in probe.text, probe.text
+
+            def views_say_required() -> bool:
+                state = httpx.get(server.url + "/v1/stats").json()["replication"]["state"]
+                return (state["waits_for"], state["required"]) == (0, 1)
+
+            wait_until(views_say_required, 15, "a key refresh to read the replication again")
+            metrics = httpx.get(server.url + "/metrics").text
+            assert "idmint_store_replicas_required 1.0" in metrics
+            assert "idmint_store_replicas_waited 0.0" in metrics
+
+            # The old primary back as the promoted one's replica (as Sentinel does): ids again.
+            primary.start()
+            primary.client().replicaof(replica.host, replica.port)
+            wait_until(lambda: ids_status() == 200, 30, "writes to resume with the replica back")
+            assert httpx.get(server.url + "/readyz").status_code == 200
         finally:
             server.stop()
 

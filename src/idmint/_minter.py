@@ -273,7 +273,12 @@ class Minter(ForkAware):
         with self._lock:
             if self._closed:
                 raise Closed("the minter is closed")
-        gen = SnowflakeGenerator(store, layout, options, worker_id=worker_id)
+        # The store's cells keep the longest lease ttl of the namespace's holders, which a
+        # newcomer waits out after a fence (strategies/snowflake.py: record_ttl). A state
+        # file alone has no store to record in.
+        engine = self.engine if self.lease_store is not None else None
+        cells = engine.cas() if engine is not None and engine.has("cas") else None
+        gen = SnowflakeGenerator(store, layout, options, worker_id=worker_id, ttl_cells=cells)
         with self._lock:
             self._snowflakes.append(gen)
         return gen

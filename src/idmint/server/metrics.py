@@ -218,6 +218,8 @@ class Exporter:
         if state is not None:
             self._put("idmint_store_replicas", (), float(state["replicas"]))
             self._put("idmint_store_replicas_waited", (), float(state["waits_for"]))
+            if state.get("required") is not None:
+                self._put("idmint_store_replicas_required", (), float(state["required"]))
         self._put("idmint_store_failovers_total", (), float(replication["failovers"]))
 
     def _sync_quorum(self, q: dict[str, Any]) -> None:

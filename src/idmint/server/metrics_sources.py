@@ -216,6 +216,15 @@ SPECS = [
         "livemin",
     ),
     Spec(
+        "idmint_store_replicas_required",
+        GAUGE,
+        "Replicas the store requires each write to wait for (the most its writes have "
+        "waited for; only `idmint replicas --set` lowers it). Above "
+        "idmint_store_replicas_waited, every write is refused.",
+        (),
+        "livemax",
+    ),
+    Spec(
         "idmint_store_failovers_total",
         COUNTER,
         "Failovers of the store's primary this server detected and fenced.",

@@ -348,7 +348,11 @@ class Monitor:
             return ""
         note = f"; store {state.role}, {state.replicas} replica(s), writes wait for "
         note += str(state.waits_for)
-        if state.risk is not None:
+        if state.required is not None:
+            note += f", the store requires {state.required}"
+        if state.shortfall is not None:
+            note += f" (writes refused: {state.shortfall})"
+        elif state.risk is not None:
             note += f" (at risk: {state.risk})"
         fenced = failovers()
         if fenced:

@@ -7,10 +7,11 @@ opened and while it runs, its role (primary, replica, or no replication at all);
 *lineage*, an id that changes when another server becomes the primary (Redis `master_replid`,
 PostgreSQL's system identifier and timeline, MySQL's `server_uuid`; a `StoreIdentity` does
 not: it is data, and replicas copy it); how many replicas are connected, and how many each
-write waits for before it is acknowledged (PostgreSQL synchronous standbys, MySQL
-semi-synchronous replicas, Redis WAIT, which idmint sends itself). `risk` says in one line why
-an acknowledged write may be missing from a promoted replica, or is None when none can be (no
-replicas, or every write waits for them).
+write waits for before it is acknowledged (PostgreSQL standbys: synchronous ones in the
+commit, the others in idmint's wait for their flush; MySQL semi-synchronous replicas; Redis
+WAIT, which idmint sends itself). `risk` says in one line why an acknowledged write may be
+missing from a promoted replica, or is None when none can be (no replicas, or every write
+waits for them).
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ class ReplicationState:
     #: The most replicas the store's writes have waited for (its requirement, kept in the
     #: store: only an operator lowers it, see `idmint replicas`); None where not read.
     required: int | None = None
+    #: Of `waits_for`, the replicas the commit does not wait for and idmint does, after it:
+    #: PostgreSQL's asynchronous standbys, until they have flushed the write (a write they do
+    #: not have within the bound is StoreUnavailable, as a commit they did not confirm).
+    waited_after_commit: int = 0
 
     @property
     def risk(self) -> str | None:
@@ -189,16 +194,25 @@ def redis_state(parsed: dict[str, Any], *, waits: bool) -> ReplicationState:
     )
 
 
-#: One round trip: role, timeline, the commit settings and the standbys as the primary sees
-#: them. Only physical standbys count, the ones a failover can promote: a logical walsender is
-#: connected to a database, pg_receivewal (Barman, pgBackRest) never reports a replay
-#: position, and a pg_basebackup in progress is in state 'backup' (issue 30). sync_state says
-#: which a commit waits for.
-POSTGRES_QUERY = """
+#: The standbys a failover can promote, as the primary sees them (issue 30): physical ones (a
+#: logical walsender is connected to a database) that report a replay position (pg_receivewal,
+#: streaming WAL for backups as Barman runs it, never does), streaming. Not a pg_basebackup in
+#: progress ('backup'), and not a standby in 'catchup' (just attached, or back after a break):
+#: it is behind by more than any commit made now, PostgreSQL picks no synchronous standby
+#: among those, and waiting for it would hold every write until it caught up. It counts from
+#: its first streaming report on; one the store's requirement counts already (it streamed
+#: before) is missed meanwhile, as a standby gone is.
+_POSTGRES_STANDBYS = """
 WITH standbys AS (
     SELECT r.* FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
-     WHERE a.datname IS NULL AND r.state <> 'backup' AND r.replay_lsn IS NOT NULL
-)
+     WHERE a.datname IS NULL AND r.state = 'streaming' AND r.replay_lsn IS NOT NULL
+)"""
+
+#: One round trip: role, timeline, the commit settings and the standbys (above). sync_state
+#: says which a commit waits for.
+POSTGRES_QUERY = (
+    _POSTGRES_STANDBYS
+    + """
 SELECT pg_is_in_recovery(),
        CASE WHEN pg_is_in_recovery() THEN NULL
             ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END,
@@ -212,27 +226,51 @@ SELECT pg_is_in_recovery(),
                           || coalesce(' replay_lag ' || replay_lag::text, ''), '; ')
           FROM pg_stat_replication)
 """
+)
+
+#: After a write: the WAL position it must reach (the parameter, or when it is NULL the
+#: server's WAL write position, read on the connection that committed: past its commit, which
+#: wrote its WAL unless synchronous_commit is off, a setting the durability check reports),
+#: and the standbys (above) that have not flushed that far, in one line, or NULL.
+POSTGRES_FLUSH_QUERY = (
+    _POSTGRES_STANDBYS
+    + """, target AS (SELECT coalesce(%s::pg_lsn, pg_current_wal_lsn()) AS lsn)
+SELECT t.lsn::text,
+       string_agg(quote_literal(coalesce(s.application_name, '?')) || ' at '
+                  || coalesce(host(s.client_addr), 'a local socket') || ' (flushed to '
+                  || coalesce(s.flush_lsn::text, 'nothing') || ')', ', ')
+           FILTER (WHERE s.pid IS NOT NULL)
+  FROM target t LEFT JOIN standbys s ON s.flush_lsn IS NULL OR s.flush_lsn < t.lsn
+ GROUP BY t.lsn
+"""
+)
 
 _WAITING_COMMITS = ("on", "remote_apply", "remote_write")
 
 
-def postgres_state(row: tuple[Any, ...]) -> ReplicationState:
-    """A PostgreSQL server's replication from POSTGRES_QUERY's row."""
+def postgres_state(row: tuple[Any, ...], *, waits: bool) -> ReplicationState:
+    """A PostgreSQL server's replication from POSTGRES_QUERY's row. `waits`: whether idmint
+    waits after each write for the standbys its commit does not wait for (not with
+    unsafe_replication): then every standby is waited for."""
     in_recovery, timeline, commit, names, standbys, _, _, listed = row
     if in_recovery:
         return ReplicationState(REPLICA, None, 0, 0, "in recovery (a standby)")
     # A commit waits until as many standbys as the setting requires have it (it blocks while
-    # fewer are connected and caught up), whichever they are now: those it requires.
-    waits = _required(str(names)) if commit in _WAITING_COMMITS and names else 0
+    # fewer are connected and caught up), whichever they are now: those it requires. Others
+    # idmint waits for itself (see sql/postgres.py, await_standbys).
+    commit_waits = _required(str(names)) if commit in _WAITING_COMMITS and names else 0
+    after = max(0, int(standbys) - commit_waits) if waits else 0
     detail = f"timeline {int(timeline, 16)}, synchronous_commit={commit}"
     detail += f", synchronous_standby_names={names!r}" if names else ""
+    detail += f", idmint waits for {after} standby(s) to flush each write" if after else ""
     detail += f"; {listed}" if listed else ""
     return ReplicationState(
         PRIMARY if standbys else STANDALONE,
         f"timeline {int(timeline, 16)}",
         int(standbys),
-        waits,
+        commit_waits + after,
         detail,
+        waited_after_commit=after,
     )
 
 

@@ -337,10 +337,15 @@ class SegmentGenerator(SegmentRefills):
         return self._store.display_url
 
     def cold(self) -> bool:
-        """No range served yet and a refill under way: still loading its first range, or its
-        refills failing. Read without the lock."""
+        """Nothing buffered and a refill under way: still loading its first range, or its
+        current range spent and its refills failing (the store down, or refusing writes: a
+        server with such a key is not ready). A range spent while the next one loads, as a
+        busy key's may be for a moment, is not cold. Read without the lock."""
         seg = self._seg
-        return seg.stop <= seg.start and not self._closed and self._next is None and self._refilling
+        if self._closed or self._next is not None or not self._refilling:
+            return False
+        never_loaded = seg.stop <= seg.start
+        return never_loaded or (not len(seg.range(seg.position())) and self._error is not None)
 
     def failing(self) -> str | None:
         """Why its last refill failed, while no refill has succeeded since; None otherwise.

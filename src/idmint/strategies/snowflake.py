@@ -37,16 +37,44 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._fork import ForkAware
-from ..ids import check_count, check_key_name
+from ..ids import check_count, check_key_name, is_digits
 from ..layout import Decoded, Layout, layout_named
-from ..stores.base import Lease, LeaseStore
+from ..stores.base import CasStore, Lease, LeaseStore
 from .clock_offset import WARN_MS, ClockOffset
 
 log = logging.getLogger("idmint.snowflake")
 
 MAX_BATCH = 1_000_000
 DEFAULT_TTL = 10.0  # seconds
+#: A cell per namespace: the longest lease ttl (ms) any holder has used there (see record_ttl).
+TTL_CELL_PREFIX = "lease-ttl/"
 _random = random.Random()
+
+
+def record_ttl(cells: CasStore, namespace: str, ttl: float) -> float:
+    """The longest lease ttl any holder of `namespace` has used, after recording `ttl` in the
+    store's cell for it (it only grows). A store in its first ttl (made, or fenced after a
+    failover) may lack leases of its earlier life whose holders issue until their horizons:
+    a newcomer waits out the longest ttl any of them uses, which this record keeps (written
+    before each acquire, so a holder's ttl is in the store before its lease is), not only its
+    own (issue 30)."""
+    key, ms = TTL_CELL_PREFIX + namespace, int(ttl * 1000)
+    for _ in range(10):  # each round lost means another holder recorded meanwhile
+        found = cells.read(key)
+        if found is None:
+            if cells.create(key, str(ms)):
+                return ttl
+            continue
+        value, version = found
+        recorded = int(value) if is_digits(value) else 0
+        if recorded >= ms:
+            return recorded / 1000
+        if cells.swap(key, version, str(ms)):
+            return ttl
+    raise StoreUnavailable(
+        f"store {cells.display_url}: the longest lease ttl of namespace {namespace!r} kept "
+        "changing under ten reads"
+    )
 
 
 @dataclass(frozen=True)
@@ -90,10 +118,17 @@ class LeaseKeeper(ForkAware):
         wall_ms: Callable[[], int],
         *,
         worker_id: int | None = None,
+        ttl_cells: CasStore | None = None,
     ) -> None:
+        """`ttl_cells`: the lease store's cells, where the longest ttl of the namespace's
+        holders is kept (record_ttl); None: a store in its first ttl is waited out for
+        max(ttl, DEFAULT_TTL) only."""
         self.store, self.workers, self.options = store, workers, options
         self.static_worker_id = worker_id
         self._wall_ms = wall_ms
+        self.ttl_cells = ttl_cells
+        #: The ttl a store in its first ttl is waited out for, as of the last acquire.
+        self.quarantine_ttl = max(options.ttl, DEFAULT_TTL)
         self._fresh_state()
         self._watch_fork()
 
@@ -137,6 +172,9 @@ class LeaseKeeper(ForkAware):
         return self.lease()
 
     def _acquire(self) -> Lease:
+        longest = max(self.options.ttl, DEFAULT_TTL)
+        if self.ttl_cells is not None:
+            longest = max(longest, record_ttl(self.ttl_cells, self.options.namespace, longest))
         sent = time.monotonic()
         sent_ms = self._wall_ms()
         lease = self.store.acquire(
@@ -149,11 +187,12 @@ class LeaseKeeper(ForkAware):
         )
         self._measure(sent_ms, lease)
         if lease.store_created_ms is not None:
-            # A store that is younger than a ttl may have lost its data (wiped, or a new
-            # server behind the same address) while holders of its old life still issue
-            # under horizons it no longer knows: at most one ttl ahead of when it was made.
-            # Holders may use another ttl than ours: count on at least the default one.
-            longest = max(self.options.ttl, DEFAULT_TTL)
+            # A store that is younger than a ttl may have lost its data (wiped, a failover
+            # fenced, or a new server behind the same address) while holders of its old life
+            # still issue under horizons it no longer knows: at most one of their ttls ahead
+            # of when it was made. Holders may use another ttl than ours: count on at least
+            # the default one, and on the longest the store recorded.
+            self.quarantine_ttl = longest
             quarantine = lease.store_created_ms + int(longest * 1000)
             if quarantine > lease.floor_ms:
                 lease = replace(lease, floor_ms=quarantine)
@@ -318,6 +357,7 @@ class SnowflakeGenerator(ForkAware):
         *,
         worker_id: int | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        ttl_cells: CasStore | None = None,
     ) -> None:
         self.layout = layout_named(layout)
         self.options = options or SnowflakeOptions()
@@ -336,7 +376,12 @@ class SnowflakeGenerator(ForkAware):
         self._last_tick = -1
         self._fresh_state()
         self._keeper = LeaseKeeper(
-            store, self.layout.workers, self.options, self._wall_ms, worker_id=worker_id
+            store,
+            self.layout.workers,
+            self.options,
+            self._wall_ms,
+            worker_id=worker_id,
+            ttl_cells=ttl_cells,
         )
         lease = self._keeper.start()
         self._watch_fork()
@@ -464,14 +509,13 @@ class SnowflakeGenerator(ForkAware):
     def _explain_wait(self, lease: Lease, wait_ms: int) -> None:
         """Say why the first ids wait (a second or more of silence looks like a hang)."""
         made = lease.store_created_ms
-        if made is not None and lease.floor_ms == made + int(
-            max(self.options.ttl, DEFAULT_TTL) * 1000
-        ):
+        if made is not None and lease.floor_ms == made + int(self._keeper.quarantine_ttl * 1000):
             why = (
                 f"the lease store {self._keeper.store.display_url} was made "
-                f"{max(0, time.time() * 1000 - made) / 1000:.1f} s ago, and a store younger than "
-                "a lease ttl may have lost the leases of its earlier life, whose holders may "
-                "still issue ids until then"
+                f"{max(0, time.time() * 1000 - made) / 1000:.1f} s ago (or fenced), and a store "
+                "younger than the longest lease ttl its holders use "
+                f"({self._keeper.quarantine_ttl:g} s) may have lost the leases of its earlier "
+                "life, whose holders may still issue ids until then"
             )
         else:
             why = f"a previous holder of worker id {lease.worker_id} may have issued ids until then"

@@ -59,12 +59,19 @@ FENCE_LOCK_MS = 30_000
 # hash, ARGV[#ARGV] '1' when writes may go on with fewer replicas than the prefix has waited
 # for. Answers {need, the body's answer}, {'failover', recorded replid, current replid} or
 # {'fewer', replicas online, replicas required}. Only replicas online count: one still in its
-# first sync acknowledges nothing yet, and no failover manager promotes it.
+# first sync acknowledges nothing yet, and no failover manager promotes it. One online but
+# still loading the copy it was sent (the primary lists it online once the copy is sent)
+# counts: a write made meanwhile reaches it only after its load, so writes wait for it (and
+# fail while it loads) rather than go on without it. A replica answers READONLY at once.
 # INFO comes before the writes: replicate the script's effects (the default from Redis 5).
 _GUARD = """
 if redis.replicate_commands then redis.replicate_commands() end
 local lineage = KEYS[#KEYS]
 local info = redis.call('INFO', 'replication')
+if string.find(info, 'role:slave', 1, true) then
+    return redis.error_reply('READONLY this server is a replica: idmint writes on the primary ' ..
+        'only (give its address, or a redis+sentinel:// URL)')
+end
 local replid = string.match(info, 'master_replid:(%%x+)') or ''
 local online = 0
 for _ in string.gmatch(info, 'slave%%d+:[^\\r\\n]*state=online') do online = online + 1 end
@@ -190,7 +197,7 @@ class RedisFailover:
                     f"has waited for {answer[2]}: a failback to an older copy, or the loss of "
                     "this one, could repeat ids. Writes resume when a replica is back online; "
                     "if one is gone for good, lower the requirement with `idmint replicas "
-                    "--set N` (docs/stores.md)"
+                    "--set N --yes` (docs/stores.md)"
                 )
             need = int(answer[0])
             if self.unsafe:
@@ -202,7 +209,8 @@ class RedisFailover:
                 raise StoreUnavailable(
                     f"store {self.display_url}: a write reached {acks} of {need} replica(s) "
                     f"within {self._wait_ms} ms; not used (a failover could undo it). If a "
-                    "replica was removed for good: `idmint replicas --set N` (docs/stores.md)"
+                    "replica was removed for good: `idmint replicas --set N --yes` "
+                    "(docs/stores.md)"
                 )
             return answer[1] if len(answer) > 1 else None
         raise StoreUnavailable(f"store {self.display_url}: its primary kept changing")
@@ -315,8 +323,8 @@ class RedisFailover:
             "store %s: FAILOVER: %s, the store recorded %s: another server became the "
             "primary (or a replicated primary restarted, or the replica requirement was "
             "lowered), and may lack the last ranges and leases. Fenced: %d key cell(s) moved "
-            "up %d ids; snowflake holders wait a lease ttl before their first id (fence %s of "
-            "this store)",
+            "up %d ids; new snowflake holders wait out the longest lease ttl before their first "
+            "id (fence %s of this store)",
             self.display_url,
             current,
             recorded,

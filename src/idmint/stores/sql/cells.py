@@ -108,8 +108,10 @@ class SqlQuorumNode(SqlConnection):
             self._confirm_write(cur)
 
         # Between our statements another caller may insert the row: then we go round again.
+        # Writes (write=True): the replication is read first, and the replicas idmint waits
+        # for itself (PostgreSQL's asynchronous standbys) have a claim before it counts.
         for _ in range(3):
-            counter = self._run(raise_or_read, transaction=False)
+            counter = self._run(raise_or_read, transaction=False, write=True)
             if counter is None:
                 return True, end
             if counter >= start:
@@ -117,7 +119,7 @@ class SqlQuorumNode(SqlConnection):
             if counter >= 0:
                 continue  # the row appeared after the UPDATE, below start
             try:  # no row: the counter is 0, below any start
-                self._run(insert, transaction=False)
+                self._run(insert, transaction=False, write=True)
             except self._dialect.duplicate:
                 continue
             return True, end

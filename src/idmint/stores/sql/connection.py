@@ -133,6 +133,10 @@ class Dialect:
     confirm_commit: Callable[[Any, str | None], tuple[str | None, str | None]] | None = field(
         default=None, repr=False
     )
+    #: After each write on a primary with replicas its commit does not wait for and idmint
+    #: does (ReplicationState.waited_after_commit: PostgreSQL's asynchronous standbys): wait
+    #: for them, bounded, with the cursor that wrote; why they do not have it, or None.
+    await_replicas: Callable[[Any], str | None] | None = field(default=None, repr=False)
     #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
     #: the URL: not in the repr, which a debugger or an error tracker may show.
     scrub: Callable[[str], str] = field(default=str, repr=False)
@@ -226,7 +230,7 @@ class SqlConnection(ForkAware):
                 confirm = self._dialect.confirm_commit
                 self._commit_mark = None
                 if confirm is not None and not self._dialect.unsafe_replication:
-                    self._commit_mark, _ = confirm(cur, None)  # None: nothing to confirm
+                    self._commit_mark, _ = confirm(cur, None)  # the mark commits count from
                 self._confirming = self._commit_mark is not None
                 # Made by the first connection ever (see _meta_row); after a fence: its new life.
                 self._identity = StoreIdentity(*self._meta_row(cur, "store", uuid.uuid4().hex))
@@ -248,6 +252,21 @@ class SqlConnection(ForkAware):
         range) is dropped, never served, as when a COMMIT fails."""
         assert self._dialect.confirm_commit is not None
         self._commit_mark, why = self._dialect.confirm_commit(cur, self._commit_mark)
+        self._unconfirmed(why)
+
+    def _await_replicas(self, cur: Any, state: ReplicationState | None) -> None:
+        """After a write committed, when the replication it met (`state`, None: not
+        replicated) has replicas the commit did not wait for and idmint does: wait for them
+        (Dialect.await_replicas, bounded). StoreUnavailable when they do not get it in time:
+        whatever it took is dropped, never served, as when a COMMIT fails."""
+        if state is not None and state.waited_after_commit:
+            assert self._dialect.await_replicas is not None
+            why = self._dialect.await_replicas(cur)
+            self._unconfirmed(why)
+
+    def _unconfirmed(self, why: str | None) -> None:
+        """StoreUnavailable when `why` says a write that applied here may be missing from a
+        replica (a failover to it would undo the write); nothing when it is None."""
         if why is not None:
             raise StoreUnavailable(
                 f"store {self.display_url}: {why}; not used (a failover could undo it)"
@@ -297,16 +316,18 @@ class SqlConnection(ForkAware):
             if risk is not None and _warned.first(self.display_url):
                 log.warning("store %s: %s; going on as the URL says", self.display_url, risk)
             return state
-        if state.degraded:
-            raise StoreUnavailable(
-                f"store {self.display_url}: {risk} ({state.detail}); writes wait until the "
-                "replicas acknowledge again"
-            )
+        # Fewer replicas than required first: that is what an operator can act on (a
+        # promoted primary alone also reads as a semi-sync that fell back).
         if state.shortfall == risk:
             raise StoreUnavailable(
                 f"store {self.display_url}: {risk} ({state.detail}). Writes resume when a "
                 "replica is back; if one is gone for good, lower the requirement with "
-                "`idmint replicas --set N` (docs/stores.md)"
+                "`idmint replicas --set N --yes` (docs/stores.md)"
+            )
+        if state.degraded:
+            raise StoreUnavailable(
+                f"store {self.display_url}: {risk} ({state.detail}); writes wait until the "
+                "replicas acknowledge again"
             )
         raise StoreUnavailable(
             f"store {self.display_url}: {risk} ({state.detail}). Make every commit wait for "
@@ -342,7 +363,8 @@ class SqlConnection(ForkAware):
         log.error(
             "store %s: FAILOVER: the primary's lineage is %s, the store recorded %s: another "
             "server became the primary, and may lack the last ranges and leases. Fenced: every "
-            "key moved up %d ids; snowflake holders wait a lease ttl before their first id",
+            "key moved up %d ids; new snowflake holders wait out the longest lease ttl before "
+            "their first id",
             self.display_url,
             lineage,
             recorded,
@@ -413,7 +435,8 @@ class SqlConnection(ForkAware):
         if replicas < old:
             log.error(
                 "store %s: the replica requirement lowered from %d to %d: fenced as a "
-                "failover (every key moved up %d ids; snowflake holders wait a lease ttl)",
+                "failover (every key moved up %d ids; new snowflake holders wait out the "
+                "longest lease ttl)",
                 self.display_url,
                 old,
                 replicas,
@@ -512,23 +535,28 @@ class SqlConnection(ForkAware):
     def _run(self, body: Callable[[Any], T], *, transaction: bool = True, write: bool = False) -> T:
         """Run `body(cursor)` in one transaction; map driver errors to idmint's. Every
         transaction, and a body that writes on its own (`write`, one statement in autocommit),
-        first meets the server's replication as it is now (see _check_replication)."""
+        first meets the server's replication as it is now (see _check_replication), and once
+        committed waits for the replicas idmint waits for itself (see _await_replicas)."""
         self._check_fork()
         with self._lock:
             try:
                 cur = self._cursor()
+                state: ReplicationState | None = None  # the replication the write met
                 if not transaction:
-                    if write and self._lineage is not None:
-                        try:
-                            self._check_replication(cur)
-                        finally:
-                            if self._stale:
-                                self._drop_connection()
-                    return body(cur)
+                    if not write or self._lineage is None:
+                        return body(cur)
+                    try:
+                        state = self._check_replication(cur)
+                    finally:
+                        if self._stale:
+                            self._drop_connection()
+                    result = body(cur)
+                    self._await_replicas(cur, state)
+                    return result
                 cur.execute(self._dialect.begin)
                 try:
                     if self._lineage is not None:
-                        self._check_replication(cur)
+                        state = self._check_replication(cur)
                     result = body(cur)
                 except BaseException:
                     cur.execute("ROLLBACK")
@@ -540,6 +568,7 @@ class SqlConnection(ForkAware):
                 cur.execute("COMMIT")
                 if self._confirming:
                     self._confirm_commit(cur)
+                self._await_replicas(cur, state)
                 return result
             except IdmintError:
                 raise

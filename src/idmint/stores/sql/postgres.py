@@ -2,7 +2,8 @@
 
 The counter row is locked with `SELECT ... FOR UPDATE` inside the transaction, so concurrent
 allocations of one key queue on the row, and the commit is durable under PostgreSQL's default
-`synchronous_commit=on`.
+`synchronous_commit=on`. A commit waits for the synchronous standbys; idmint waits after it
+for the others, until they have flushed it (await_standbys).
 
 Every call is bounded (see docs/stores.md, "Bounds"): the server cancels a statement after the
 store timeout (`lock_timeout`, `statement_timeout`) and ends a session left idle inside a
@@ -13,9 +14,11 @@ server acknowledges packets, so no TCP timeout fires) by shutting the socket dow
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import socket
+import time
 from typing import Any
 
 from ..._errors import DriverMissing, InvalidArgument
@@ -24,6 +27,7 @@ from .._deadline import WATCHDOG
 from .._urls import scrub
 from ..engine import Engine
 from ..replication import (
+    POSTGRES_FLUSH_QUERY,
     POSTGRES_QUERY,
     ReplicationState,
     postgres_state,
@@ -144,9 +148,37 @@ def durability(cur: Any) -> str | None:
     return f"PostgreSQL runs with {', '.join(weak)}" if weak else None
 
 
-def replication(cur: Any) -> ReplicationState:
+def replication(cur: Any, *, waits: bool) -> ReplicationState:
     cur.execute(POSTGRES_QUERY)
-    return postgres_state(tuple(cur.fetchone()))
+    return postgres_state(tuple(cur.fetchone()), waits=waits)
+
+
+#: The first pause between two readings of the standbys' flush positions, and the longest. A
+#: standby on the same network flushes within a millisecond or so: the first readings come
+#: close together; a slower one is read a hundred times a second, not more.
+FLUSH_POLL_FIRST, FLUSH_POLL_MAX = 0.0002, 0.01
+
+
+def await_standbys(cur: Any, bound: float) -> str | None:
+    """After a write committed on a primary with standbys its commit did not wait for (they
+    are not in synchronous_standby_names): wait until every standby that can be promoted has
+    flushed the WAL past it, so that a failover to any of them keeps it. None once they have;
+    else which lag, after `bound` seconds. PostgreSQL has no way to wait for an asynchronous
+    standby: its flush position (pg_stat_replication.flush_lsn, which a standby reports as
+    soon as it flushes) is read until it is far enough, with short pauses growing from
+    FLUSH_POLL_FIRST."""
+    deadline = time.monotonic() + bound
+    lsn, pause = None, FLUSH_POLL_FIRST
+    while True:
+        cur.execute(POSTGRES_FLUSH_QUERY, (lsn,))
+        lsn, lagging = cur.fetchone()  # the position is read once: later writes do not count
+        if lagging is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return f"standby {lagging} did not flush the write (WAL {lsn}) within {bound:g} s"
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, FLUSH_POLL_MAX)
 
 
 def _conninfo(psycopg: Any, url: str, display_url: str) -> dict[str, Any]:
@@ -233,7 +265,10 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         ),
         returning=True,
         durability=durability,
-        replication=replication,
+        replication=functools.partial(replication, waits=not replicated.unsafe),
+        # Half the store timeout: a write that waited that long for a standby still fails
+        # well within the caller's own bound (docs/stores.md, "Bounds").
+        await_replicas=functools.partial(await_standbys, bound=timeout / 2),
         unsafe_replication=replicated.unsafe,
         fewer_replicas=replicated.fewer,
         replication_hint="synchronous_standby_names naming the standbys, synchronous_commit on",
