@@ -10,9 +10,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -22,6 +23,7 @@ import idmint
 from idmint import StoreUnavailable
 from idmint.ids import is_digits
 from idmint.stores import open_engine
+from idmint.stores.redis.cas import RedisCasStore
 from idmint.stores.replication import PRIMARY, STANDALONE
 from idmint.strategies.snowflake import LeaseKeeper, SnowflakeOptions
 
@@ -111,11 +113,28 @@ def _standbys(primary: Any) -> int:
     return int(row[0]) if row else 0
 
 
+def _least_recently_used_first(pool: Any) -> None:
+    """Make a redis-py connection pool hand out its least recently released connection: the
+    order in which a write and a WAIT checked out separately land on different ones."""
+    get = pool.get_connection
+
+    def oldest_first(*args: Any, **kwargs: Any) -> Any:
+        with pool._lock:
+            if len(pool._available_connections) > 1:  # get_connection pops the last one
+                pool._available_connections.append(pool._available_connections.pop(0))
+        return get(*args, **kwargs)
+
+    pool.get_connection = oldest_first
+
+
 def test_redis_writes_wait_for_the_replica_and_one_it_did_not_confirm_is_not_used() -> None:
     """On main a range write was acknowledged once the primary had it: a failover to a
     replica that lacked it handed the range out again. Now each write waits (WAIT) for every
     replica the primary has had; with the replica frozen (its link open, silent), the write
-    is reported unavailable and its range never used: the next one starts above it."""
+    is reported unavailable and its range never used: the next one starts above it. The
+    client's pool hands out its least recently used connection here (redis-py's gives the
+    most recent): a WAIT sent on another connection than the write's answers at once (that
+    connection's own writes are all on the replica), as it did on main, and the test fails."""
     with redis_pair() as (primary, replica):
         url = primary.store_url("wait")
         engine = open_engine(url, timeout=2)
@@ -131,6 +150,11 @@ def test_redis_writes_wait_for_the_replica_and_one_it_did_not_confirm_is_not_use
             engine.close()
         with idmint.connect(url, timeout=2) as minter:
             minter.add_key("k", step=10)
+            assert minter.engine is not None
+            cells = cast(RedisCasStore, minter.engine.cas())
+            _least_recently_used_first(cells._client.connection_pool)
+            with ThreadPoolExecutor(4) as threads:  # a few pooled connections, each wrote
+                list(threads.map(lambda _: minter.ranges.allocate("k"), range(16)))
             first = minter.ranges.allocate("k").range
             replica.pause()
             try:
