@@ -104,7 +104,9 @@ def test_config_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     path = tmp_path / "idmint.toml"
     path.write_text('[server]\nport = 9000\nworkers = 2\nstore = "sqlite:///x.db"\n')
     config = ServerConfig.from_mapping(read_config_file(path))
-    assert (config.port, config.workers, config.store) == (9000, 2, "sqlite:///x.db")
+    # A relative SQLite path in a config file is the file's neighbour (issue 31 row 2).
+    assert (config.port, config.workers) == (9000, 2)
+    assert config.store == f"sqlite:///{path.parent / 'x.db'}"
     monkeypatch.setenv("IDMINT_PORT", "9100")
     monkeypatch.setenv("IDMINT_MAX_STEP", "5000")
     env = ServerConfig.from_env()

@@ -19,7 +19,7 @@ from ..ids import check_key_name
 from ..layout import layout_named
 from ..stores import DEFAULT_STORE_URL, DEFAULT_TIMEOUT
 from ..strategies.datacenter_cells import check_dc_name
-from ..strategies.quorum_nodes import split_nodes
+from ..strategies.quorum_nodes import _NEXT_URL, split_nodes
 from ..strategies.refills import DEFAULT_THREADS, check_threads
 
 ENV_PREFIX = "IDMINT_"
@@ -357,7 +357,9 @@ def _check_token(name: str, token: str) -> None:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The [server] table of an idmint.toml (top-level keys are accepted too)."""
+    """The [server] table of an idmint.toml (top-level keys are accepted too), a relative
+    SQLite path in its store URLs (store, dc_store, quorum) made absolute against the file's
+    own directory."""
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
@@ -371,4 +373,23 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if unknown:
         hints = [f"{name}{did_you_mean(name, SETTINGS)}" for name in unknown]
         raise InvalidArgument(f"bad config file {path}: unknown settings {', '.join(hints)}")
-    return dict(table)
+    # Resolved against the working directory, `cd /opt/idmint && idmint --config
+    # /etc/idmint/idmint.toml keys add` reached another store than the server's (whose ids
+    # then repeated): a path in a file means the same wherever a command runs.
+    values = dict(table)
+    for name in ("store", "dc_store", "quorum"):
+        if isinstance(values.get(name), str) and "sqlite:///" in values[name]:
+            urls = _NEXT_URL.split(values[name])
+            values[name] = ",".join(_next_to(url, path) for url in urls)
+    return values
+
+
+def _next_to(url: str, config_file: Path) -> str:
+    """`url`, a relative sqlite:/// path (not :memory:) made absolute against the directory
+    of `config_file`."""
+    prefix = "sqlite:///"
+    url = url.strip()
+    file = url.removeprefix(prefix)
+    if file == url or file in ("", ":memory:") or file.startswith("/"):
+        return url
+    return prefix + str(config_file.absolute().parent / file)
