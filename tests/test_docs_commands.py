@@ -106,7 +106,7 @@ def test_the_scripts_the_docs_run_exist() -> None:
 #: What a command needs that a SQLite file is not: a server, a cluster of datacenters, quorum
 #: nodes, a replicated store. Those are run by their own tests (test_server, test_datacenter*,
 #: test_quorum*, test_replication and test_failback).
-NEEDS_MORE = ("serve", "dc", "--quorum", "--dc", "replicas")
+NEEDS_MORE = ("serve", "dc", "--quorum", "--dc", "replicas", "import")
 
 
 def runnable(line: str) -> list[str] | None:
