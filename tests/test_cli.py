@@ -559,7 +559,7 @@ def test_keys_retire(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert main([*store, "keys", "retire", "old", "--yes"]) == 0
     assert "retired old" in capsys.readouterr().out
     assert main([*store, "next", "old"]) == 1
-    assert "exhausted" in capsys.readouterr().err
+    assert "is retired" in capsys.readouterr().err
     assert main([*store, "keys", "show", "old"]) == 0
     assert "retired:" in capsys.readouterr().out
 
@@ -664,3 +664,52 @@ def test_every_flag_of_serve_reaches_the_server_config(
         capsys.readouterr().err
     )
     assert {name: getattr(served[0], name) for name in wanted} == wanted
+
+
+def test_a_retired_key_shows_as_retired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31: on main `next` said a retired key's every id "is used" (3 of 100 were),
+    `keys list` showed it as any key, with its floor past its max as FIRST, and `keys show`
+    gave that floor as its start. The store keeps no other start: retiring moved it."""
+    store = ["--store", f"sqlite:///{tmp_path / 'a.db'}"]
+    assert main([*store, "keys", "add", "old", "--start", "10", "--max", "100"]) == 0
+    assert main([*store, "keys", "add", "new"]) == 0
+    assert main([*store, "next", "old", "-n", "3"]) == 0
+    assert main([*store, "keys", "retire", "old", "--yes"]) == 0
+    capsys.readouterr()
+    code, out, err = run(capsys, *store, "next", "old")
+    assert (code, out) == (1, "")
+    assert err == (
+        "idmint: error: key 'old' is retired (its ids ran to 100; none is handed out again)\n"
+    )
+    code, out, _ = run(capsys, *store, "keys", "list")
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert rows["old"][1] == "(retired)" and rows["old"][4] == "-"  # FIRST: not kept
+    assert rows["new"][1:2] == ["1"]
+    code, out, _ = run(capsys, *store, "keys", "show", "old")
+    assert "start:       not kept (retiring moved it past max, to 101)\n" in out
+    assert "retired:     yes: it hands out no id again" in out
+    code, out, _ = run(capsys, *store, "keys", "show", "new")
+    assert "start:       1\n" in out and "retired" not in out
+
+
+def test_help_and_negative_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31: `keys` help named add, list, show and raise only; `next --help` printed the
+    stripe's range as two 19-digit numbers and said quorum keys take no --store (they are
+    read from it); `decode -1` was "No such option"."""
+    from idmint.cli.keys import keys
+
+    code, out, _ = run(capsys, "keys", "--help")
+    summary = out.split("\n\n")[1].lower()
+    for name in keys.commands:
+        assert name in summary, (name, summary)
+    code, out, _ = run(capsys, "next", "--help")
+    assert code == 0 and not re.search(r"\d{19}", out) and "no --store" not in out
+    assert "--store holds its name and bounds" in " ".join(out.split())
+    for argv in (["decode", "-1"], ["decode", "--", "-1"], ["decode", "5", "-1"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert err == "idmint: error: '-1' is not an id: ids are non-negative integers\n", argv
+    code, out, err = run(capsys, "decode", "5", "--jsn")
+    assert code == 2 and "No such option '--jsn'" in err and "'--json'" in err
+    code, out, _ = run(capsys, "decode", "--layout", "sonyflake", "5", "--json")
+    assert code == 0 and json.loads(out)["worker"] == 5

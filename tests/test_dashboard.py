@@ -159,16 +159,24 @@ def render(url: str) -> Page:
 
 
 def settled_stats(url: str) -> dict[str, Any]:
-    """/v1/stats once two reads in a row agree and no key is refilling."""
+    """/v1/stats once no key is refilling and every key's row (read from the store every few
+    seconds) has caught up with the ranges its generator took: the page, rendered later,
+    must show the same figures (in CI a row refreshed between the two reads moved
+    "remaining" by 7,000)."""
     reads: list[dict[str, Any]] = []
+
+    def caught_up(key: dict[str, Any]) -> bool:
+        gen = key["generator"]
+        if gen is None:
+            return True
+        taken = [r["stop"] for r in (gen["current"], gen["next"]) if r is not None]
+        return not gen["refilling"] and key["next_id"] >= max(taken, default=0)
 
     def settled() -> bool:
         reads.append(httpx.get(url + "/v1/stats").json())
-        keys = reads[-1]["keys"]
-        idle = all(not (k["generator"] or {}).get("refilling") for k in keys)
-        return idle and len(reads) > 1 and reads[-2]["keys"] == keys
+        return all(caught_up(k) for k in reads[-1]["keys"])
 
-    wait_until(settled, 10, "the keys' refills to land")
+    wait_until(settled, 15, "the keys' rows to catch up with their generators")
     return reads[-1]
 
 
@@ -590,6 +598,47 @@ def test_dashboard_shows_a_retired_datacenter_cut_off(stub: StubServer) -> None:
     assert "retired: old" in page.by_id["f-dc"] and "global level cut off" in page.by_id["f-dc"]
     assert page.by_id["f-pid-label"] == "pids" and page.by_id["f-pid"] == "77, 78"
     assert "quorum" in page.hidden  # no quorum key served
+
+
+def test_a_retired_key_and_a_datacenters_grants_read_right(stub: StubServer) -> None:
+    """Issue 31. On main a retired key (idmint keys retire) was a red error row with its
+    refusal as the error line, and counted among the errors; and the datacenter's header said
+    "grants 1" (its workers' grants since they started) over a table saying 2 (the key's
+    latest grant, every process's: here one taken before this server started)."""
+    server = {"version": "9.9.9", "store": "sqlite:///x.db", "pid": 77}
+    server |= {"started_at": "2026-11-21T05:00:00+00:00", "uptime_s": 60.0, "ready": True}
+    refusal = "key 'old' is exhausted: every id up to its maximum 100 is used"
+    generator: dict[str, object] = {"current": None, "position": None, "next": None}
+    generator |= {
+        "fill": None,
+        "step": 1000,
+        "refills": 0,
+        "refilling": False,
+        "issued": 0,
+        "taken": 0,
+        "given_back": 0,
+    }
+    generator |= {"density": 1.0, "rate_per_s": 0.0, "runway_s": None, "error": refusal}
+    old = {"name": "old", "start": 101, "max": 100, "step": 1000, "description": ""}
+    old |= {"next_id": 101, "remaining": 0, "bounded": True, "retired": True}
+    cell = {"key": "order", "dc": "eu", "reserved": {"start": 1, "stop": 1001}, "next_id": 11}
+    cell |= {"preloaded": None, "grants": 2, "retired": False, "left": 990, "rate": 0.5}
+    cell |= {"runway_s": 1980.0}
+    counts = {"global_cas": 1, "global_conflicts": 0, "local_conflicts": 0, "grants": 1}
+    counts |= {"preload_failures": 0, "runway_spent": 0}
+    stub.answers = [
+        {
+            "server": server,
+            "keys": [old | {"generator": generator}],
+            "datacenter": {"dc": "eu", "counts": counts, "keys": [cell]},
+        }
+    ]
+    page = render(stub.url + "/")
+    assert page.keys["old"]["status"] == "retired"
+    assert page.errors == {} and page.by_id["s-errors"] == "0"
+    assert page.classes["s-errors-box"] == "stat"
+    assert page.dc["order"]["grants"] == "2"
+    assert page.by_id["dc-counts"].startswith("grants 2 (1 by this server since it started) · ")
 
 
 def test_the_workers_views_combine_alike_whichever_answers() -> None:

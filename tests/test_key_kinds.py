@@ -184,3 +184,20 @@ def test_every_http_route_refuses_another_kinds_name(tmp_path: Path) -> None:
         assert call(dc_app, "GET", "/api/segment/get/order").text == "1"
     finally:
         dc_app.shutdown()
+
+
+def test_add_key_exist_ok_returns_the_same_key_and_refuses_another(tmp_path: Path) -> None:
+    """Issue 31 row 4: the README's snippet raised KeyExists on its second run (add_key had no
+    exist_ok, the CLI and add_quorum_key had). The same key again is returned; other settings,
+    or a key of another kind under the name, still raise."""
+    with idmint.connect(f"sqlite:///{tmp_path / 'k.db'}") as minter:
+        made = minter.add_key("order", step=1000, start=100_000_000)
+        again = minter.add_key("order", step=1000, start=100_000_000, exist_ok=True)
+        assert (again.name, again.step, again.first_id) == (made.name, 1000, 100_000_000)
+        with pytest.raises(KeyExists, match="its step is 1000, not 10"):
+            minter.add_key("order", step=10, start=100_000_000, exist_ok=True)
+        with pytest.raises(KeyExists):
+            minter.add_key("order", step=1000, start=100_000_000)
+        minter.add_quorum_key("vote")
+        with pytest.raises(NameTaken):
+            minter.add_key("vote", exist_ok=True)

@@ -7,7 +7,7 @@ import threading
 from dataclasses import replace
 from typing import Any, cast
 
-from ._errors import Closed, InvalidArgument
+from ._errors import Closed, InvalidArgument, KeyExists, NameTaken
 from ._fork import ForkAware
 from .aio import AsyncSegment
 from .ids import (
@@ -158,12 +158,13 @@ class Minter(ForkAware):
         self,
         name: str,
         *,
-        step: int = DEFAULT_STEP,
+        step: int | None = None,
         start: int = DEFAULT_FIRST_ID,
         max: int | None = None,  # the CLI's --max: same name
         description: str = "",
         max_batch: int = 0,
-        stripes: int = 1,
+        stripes: int | None = None,
+        exist_ok: bool = False,
     ) -> Key:
         """Create a key whose ids run from `start` to `max` (2**31 - 1 for a 32-bit key),
         taken from the store `step` at a time (the dynamic step grows from there).
@@ -171,7 +172,13 @@ class Minter(ForkAware):
         `stripes=n` gives the key n independent counters: stripe k hands out start + k,
         start + k + n, ... so n processes take ranges without contending (Broadcast's
         stripes). `max` defaults to the highest a key with that many stripes may have.
-        `max_batch`: see set_max_batch (0, the default rule, until it is set)."""
+        `max_batch`: see set_max_batch (0, the default rule, until it is set). `step` and
+        `stripes` default to DEFAULT_STEP and 1. Raises KeyExists; with `exist_ok`, only
+        when the key there differs from what was asked (step, stripes and max only when
+        given; NameTaken, a key of another kind, always), and returns the key there."""
+        asked_step, asked_max, asked_stripes = step, max, stripes
+        step = DEFAULT_STEP if step is None else step
+        stripes = 1 if stripes is None else stripes
         if max is None:  # the highest: a stripe's counter must still fit in a BIGINT
             max = ID_MAX + 1 - (stripes if isinstance(stripes, int) and stripes > 0 else 1)
         check_key_name(name)
@@ -179,9 +186,27 @@ class Minter(ForkAware):
         check_max_batch(max_batch)
         if len(description) > 256:
             raise InvalidArgument("description must be at most 256 characters")
-        key = self.ranges.add_key(
-            name, step=step, first_id=start, last_id=max, description=description, stripes=stripes
-        )
+        try:
+            key = self.ranges.add_key(
+                name,
+                step=step,
+                first_id=start,
+                last_id=max,
+                description=description,
+                stripes=stripes,
+            )
+        except KeyExists as exc:
+            if not exist_ok or isinstance(exc, NameTaken):
+                raise
+            key = self.key(name)
+            differs = key.differences(
+                step=asked_step, start=start, last_id=asked_max, stripes=asked_stripes
+            )
+            if differs:
+                raise KeyExists(
+                    name, f"key {name!r} exists with other settings: {'; '.join(differs)}"
+                ) from None
+            return key
         return self.set_max_batch(name, max_batch) if max_batch else key
 
     def set_max_batch(self, name: str, max_batch: int) -> Key:

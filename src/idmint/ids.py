@@ -160,6 +160,23 @@ class Key:
     def exhausted(self) -> bool:
         return self.remaining == 0
 
+    def differences(
+        self, *, step: int | None, start: int, last_id: int | None, stripes: int | None
+    ) -> list[str]:
+        """How this key differs from one asked for again (`exist_ok`); None: not asked. Its
+        first id may have been raised since (keys raise): only a start above it differs,
+        since the key would hand out ids below what was asked."""
+        found = []
+        if start > self.first_id:
+            found.append(f"it hands out ids from {self.first_id}, not {start}")
+        if last_id is not None and last_id != self.last_id:
+            found.append(f"its largest id is {self.last_id}, not {last_id}")
+        if stripes is not None and stripes != self.stripes:
+            found.append(f"it has {self.stripes} stripes, not {stripes}")
+        if step is not None and step != self.step:
+            found.append(f"its step is {self.step}, not {step}")
+        return found
+
     @property
     def retired(self) -> bool:
         """Its floor is past its maximum (`idmint keys retire`): it hands out no id again."""

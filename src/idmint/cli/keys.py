@@ -25,7 +25,7 @@ from .root import describe_key, open_minter, print_table, when
 
 @click.group()
 def keys() -> None:
-    """Add, list, show and raise keys."""
+    """Add, list, show, raise, retire and set keys."""
 
 
 @keys.command("add")
@@ -61,54 +61,30 @@ def keys_add(
     exist_ok: bool,
 ) -> None:
     """Create key NAME."""
+    given = given_params(ctx, "step", "stripes")  # compared with a key there only if given
     with open_minter(ctx, create=True) as minter:
-        try:
-            key = minter.add_key(
+
+        def add(exist_ok: bool) -> Key:
+            return minter.add_key(
                 name,
-                step=step,
+                step=step if "step" in given else None,
                 start=start,
                 max=max_,
                 description=description,
                 max_batch=max_batch,
-                stripes=stripes,
+                stripes=stripes if "stripes" in given else None,
+                exist_ok=exist_ok,
             )
+
+        try:
+            key = add(exist_ok=False)
         except KeyExists as exc:
             if not exist_ok or isinstance(exc, NameTaken):  # another kind's name: never fine
                 raise
-            key = minter.key(name)
-            given = given_params(ctx, "step", "stripes")
-            differs = _differences(
-                key,
-                step if "step" in given else None,
-                start,
-                max_,
-                stripes if "stripes" in given else None,
-            )
-            if differs:
-                raise KeyExists(
-                    name, f"key {name!r} exists with other settings: {'; '.join(differs)}"
-                ) from None
+            key = add(exist_ok=True)  # the key there, unless it differs from what was asked
             click.echo(f"{key.name} exists: {describe_key(key)}")
             return
         click.echo(f"added {key.name}: {describe_key(key)}")
-
-
-def _differences(
-    key: Key, step: int | None, start: int, max_: int | None, stripes: int | None
-) -> list[str]:
-    """How an existing key differs from the one `keys add --exist-ok` asked for. Its first id
-    may have been raised since (keys raise): only a start above it differs, since the key
-    would hand out ids below what was asked."""
-    found = []
-    if start > key.first_id:
-        found.append(f"it hands out ids from {key.first_id}, not {start}")
-    if max_ is not None and max_ != key.last_id:
-        found.append(f"its largest id is {key.last_id}, not {max_}")
-    if stripes is not None and stripes != key.stripes:
-        found.append(f"it has {key.stripes} stripes, not {stripes}")
-    if step is not None and step != key.step:
-        found.append(f"its step is {key.step}, not {step}")
-    return found
 
 
 @keys.command("list")
@@ -126,10 +102,11 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
     rows = [("KEY", "NEXT", "STEP", "FIRST", "MAX", "REMAINING", "BATCH CAP", "STRIPES", "UPDATED")]
     rows += [
         (
-            k.name,
+            # Retired: its FIRST is past its MAX, the store keeps no other (see keys show).
+            f"{k.name} (retired)" if k.retired else k.name,
             str(k.next_id),  # a striped key's: the lowest stripe's
             str(k.step),
-            str(k.first_id),
+            "-" if k.retired else str(k.first_id),
             str(k.last_id),
             str(k.remaining),
             str(k.batch_cap),
@@ -156,6 +133,11 @@ def keys_show(ctx: click.Context, name: str, as_json: bool) -> None:
     for field, value in key.as_dict().items():
         if isinstance(value, list):  # stripe_next: where each stripe's next range starts
             value = " ".join(map(str, value))
+        elif field == "retired":
+            value = "yes: it hands out no id again, and its unused ids are never reused"
+        elif field == "start" and key.retired:
+            # Retiring raised the key's floor past its maximum: the store keeps no other start.
+            value = f"not kept (retiring moved it past max, to {value})"
         click.echo(f"{field + ':':<13}{value}")
 
 

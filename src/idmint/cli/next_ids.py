@@ -10,8 +10,8 @@ from .._errors import Exhausted, IdmintError
 from .._minter import Minter
 from ..ids import Range, check_count
 from ..strategies.quorum_nodes import QuorumOptions, split_nodes
-from .options import MAX_COUNT, count_option, dc_options, quorum_options, store_options
-from .root import open_minter
+from .options import MAX_COUNT, Int64, count_option, dc_options, quorum_options, store_options
+from .root import describe_key, open_minter
 
 #: Ids printed per write: the memory of `next` stays small whatever -n is.
 PRINT_CHUNK = 10_000
@@ -23,7 +23,7 @@ PRINT_CHUNK = 10_000
 @count_option(help=f"How many ids, {MAX_COUNT:,} at most.")
 @click.option(
     "--stripe",
-    type=click.IntRange(-(2**63), 2**63 - 1),  # the store says which stripes the key has
+    type=Int64(),  # the store says which stripes the key has
     help="Of a striped key, take them from this stripe (0 to its stripes - 1) [default: any "
     "with ids left].",
 )
@@ -46,7 +46,8 @@ def next_(
     Takes exactly COUNT ids from the store in one allocation, so nothing is wasted (a striped
     key's ids are its stripes apart; at a stripe's end the rest come from another stripe).
     With --dc, of a datacenter key, from that datacenter's reservation. With --quorum, of a
-    quorum key on those nodes: above every id of the key handed out before (no --store).
+    quorum key on those nodes (--store holds its name and bounds): above every id of the key
+    handed out before.
     """
     check_count(count, maximum=MAX_COUNT)  # before the store: nothing taken on a typo
     if quorum is not None:
@@ -62,7 +63,11 @@ def next_(
     with open_minter(ctx, dc, dc_store) as minter:  # a store that is not there has no key
         left = count
         while left:
-            taken = minter.take(name, left, stripe=stripe)
+            try:
+                taken = minter.take(name, left, stripe=stripe)
+            except Exhausted:
+                _refuse_if_retired(minter, name, dc)
+                raise
             _print_or_give_back(minter, name, taken)
             left -= len(taken)
             if left and dc:
@@ -74,6 +79,19 @@ def next_(
                 raise Exhausted(name, stripe=stripe, stripes=taken.stride)
             # A striped key's stripe ran out: the next take is from another (or says the
             # whole key is exhausted).
+
+
+def _refuse_if_retired(minter: Minter, name: str, dc: str | None) -> None:
+    """Say a retired key is retired: the store refuses its ranges as exhausted, "every id up
+    to its maximum is used", which is not so (`idmint keys retire` moved its floor past it)."""
+    if dc:
+        return  # a datacenter key's retirement is a datacenter's, and says so itself
+    try:
+        key = minter.key(name)
+    except IdmintError:  # the store is gone: the store's own error stands
+        return
+    if key.retired:
+        raise IdmintError(f"key {name!r} is {describe_key(key)}")
 
 
 def _quorum_ids(

@@ -52,6 +52,22 @@ class Finite(click.ParamType[float]):
         return number
 
 
+class Int64(click.ParamType[int]):
+    """An integer a store's BIGINT holds, checked further by the command (a stripe by the key's
+    stripes). click's IntRange over that span printed both 19-digit ends in the help."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not an integer", param, ctx)
+        if not -(2**63) <= number < 2**63:
+            self.fail(f"{value} is out of range: it must fit in 64 bits", param, ctx)
+        return number
+
+
 class Duration(click.ParamType[float]):
     """Seconds, or a number with a unit: 90s, 30m, 24h, 7d."""
 

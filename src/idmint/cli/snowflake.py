@@ -3,6 +3,7 @@ they are made under."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
@@ -84,15 +85,22 @@ def _describe_snowflake(namespace: str, stats: dict[str, Any]) -> str:
     )
 
 
-@click.command()
+# Unknown options reach IDS: click took `decode -1` for an option ("No such option"); a
+# negative number is then refused as an id, and anything else as the option it looks like.
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("ids", nargs=-1, required=True)
 @layout_option()
 @json_option(help="One JSON object per id.")
-def decode(ids: tuple[str, ...], layout: str, as_json: bool) -> None:
+@click.pass_context
+def decode(ctx: click.Context, ids: tuple[str, ...], layout: str, as_json: bool) -> None:
     """Show the time, worker and sequence of snowflake IDS."""
     chosen = layout_named(layout)
     bad = [text for text in ids if not is_digits(text)]
     if bad:
+        if bad[0].startswith("-") and not is_digits(bad[0][1:]):
+            options = [o for p in ctx.command.params for o in p.opts if o.startswith("-")]
+            close = difflib.get_close_matches(bad[0], options)
+            raise click.NoSuchOption(bad[0], possibilities=close, ctx=ctx)
         raise InvalidArgument(f"{bad[0]!r} is not an id: ids are non-negative integers")
     for parts in [chosen.decode(int(text)) for text in ids]:
         if as_json:

@@ -8,8 +8,9 @@ import threading
 import time
 from datetime import datetime
 from typing import Any
+from urllib.parse import parse_qs
 
-from .._errors import IdmintError, KeyNotFound
+from .._errors import DatacenterRetired, Exhausted, IdmintError, KeyNotFound
 from ..ids import MAX_STRIPES
 from ..layout import layout_named
 from ..strategies.quorum import QuorumGenerator
@@ -233,6 +234,38 @@ ROUTES = (
 )
 
 
+class KeyRetired(Exhausted):
+    """The 410 of a retired key (`idmint keys retire`), said as it is: the store refuses its
+    ranges as exhausted ("every id up to its maximum is used"), which a retired key's ids are
+    not. Still an Exhausted: the same status and `idmint-last-id` header."""
+
+    def __init__(self, key: str, last_id: int | None) -> None:
+        IdmintError.__init__(
+            self,
+            f"key {key!r} is retired (idmint keys retire): it hands out no id again, and its "
+            "unused ids are never reused",
+        )
+        self.key, self.last_id, self.stripe, self.stripes = key, last_id, None, None
+
+
+def check_query(call: Call) -> None:
+    """Refuse query parameters the route does not declare, and any given twice, in one line.
+    Call.arg reads the last value of its own names and nothing else, so `?cnt=5` (a typo)
+    silently answered one id and `?count=1&count=2` took the last. Only idmint's own /v1 id
+    routes check this: Leaf's routes and the peers' (dropin.py) take what their peers take."""
+    given = parse_qs(call.request.query, keep_blank_values=True)
+    declared = [p.name for p in call.route.params if p.where == "query"]
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        takes = f"takes only {', '.join(declared)}" if declared else "takes no query parameters"
+        raise HttpError(400, f"unknown query parameter {unknown[0]!r}: {call.route.path} {takes}")
+    for name, values in given.items():
+        if len(values) > 1:
+            raise HttpError(
+                400, f"query parameter {name!r} is given {len(values)} times: give it once"
+            )
+
+
 class IdRoutes:
     """The handlers of ROUTES, on the service's generators and the server's snowflake and
     quorum generators."""
@@ -257,23 +290,34 @@ class IdRoutes:
         service = self.service
         service.charge(service.rows.get(key) or await service.key_row(key), 1)
         gen = await service.generator(key)
-        i = gen.try_next_id()
-        if i is None:
-            i = (await service.draw(gen, 1))[0]
+        try:
+            i = gen.try_next_id()
+            if i is None:
+                i = (await service.draw(gen, 1))[0]
+        except Exhausted as exc:
+            raise self._retired_or(exc) from None
         self.counters.handed[LEAF_ROUTE] += 1
         return Response(200, str(i))
 
     async def ids(self, call: Call) -> Response:
         key = call.key
-        ids = await self.service.take_ids(key, call.arg("count"), "count")
+        check_query(call)
+        try:
+            ids = await self.service.take_ids(key, call.arg("count"), "count")
+        except Exhausted as exc:
+            raise self._retired_or(exc) from None
         self.counters.handed[IDS_ROUTE] += len(ids)
         return json_response({"key": key, "ids": ids})
 
     async def ranges(self, call: Call) -> Response:
         key = call.key
+        check_query(call)
         size = call.arg("size")  # absent: the key's own step
         stripe = call.arg("stripe")  # absent: any stripe with ids left, the store's choice
-        taken, row = await self.service.allocate(key, size, stripe)
+        try:
+            taken, row = await self.service.allocate(key, size, stripe)
+        except Exhausted as exc:
+            raise self._retired_or(exc) from None
         self.counters.handed[RANGES_ROUTE] += len(taken.range)
         return json_response(
             {
@@ -286,6 +330,15 @@ class IdRoutes:
                 "conflicts": taken.conflicts,
             }
         )
+
+    def _retired_or(self, exc: Exhausted) -> Exhausted:
+        """A KeyRetired for a key whose row (as last read: every few seconds) is retired; the
+        store's own Exhausted otherwise. A retired striped key is retired whole, whichever
+        stripe was asked for."""
+        row = self.service.rows.get(exc.key)
+        if row is not None and row.retired and not isinstance(exc, DatacenterRetired):
+            return KeyRetired(exc.key, exc.last_id)
+        return exc
 
     # -- snowflake ---------------------------------------------------------------------------
 
@@ -325,6 +378,7 @@ class IdRoutes:
         return Response(200, str(i))
 
     async def snowflake_ids(self, call: Call) -> Response:
+        check_query(call)
         count = call.arg("count")
         gen = await self._snowflake()
         # A large batch spans ticks and waits for them: on a thread.
@@ -344,6 +398,7 @@ class IdRoutes:
         return layout_named(self.config.snowflake_layout).decode(int(text)).as_dict()
 
     async def snowflake_decode(self, call: Call) -> Response:
+        check_query(call)
         return json_response(self._decode(call.arg("id")))
 
     async def leaf_decode(self, call: Call) -> Response:
@@ -369,6 +424,7 @@ class IdRoutes:
         key = call.key
         if not self.config.quorum:
             raise HttpError(404, "this server has no quorum nodes (start it with --quorum URLS)")
+        check_query(call)
         count = call.arg("count")
         # One bound for the whole request, its first use's node check included (docs/server.md)
         until = time.monotonic() + QuorumOptions.deadline

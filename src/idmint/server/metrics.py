@@ -179,7 +179,10 @@ class Exporter:
             ("idmint_keys_allocation_seconds_total", sum(c.refill_seconds for c in counts)),
             ("idmint_keys_ranges_handed_total", sum(src.ranges_handed.values())),
             ("idmint_keys_conflicts_total", sum(c.conflicts for c in counts)),
-            ("idmint_keys_store_errors", sum(1 for c in counts if c.failing)),
+            (
+                "idmint_keys_store_errors",
+                sum(1 for name, c in src.counts.items() if src.store_error(name, c.failing)),
+            ),
             ("idmint_keys_served", len(counts)),
             ("idmint_keys_ids_rate", sum(src.rates.get(k, 0.0) for k in src.counts)),
             ("idmint_keys", len(src.rows)),

@@ -502,6 +502,12 @@ class Sources:
             stats = self._stats[name] = gen.stats()
         return stats
 
+    def store_error(self, name: str, failing: bool) -> bool:
+        """Whether the key's failing refills are a store error: not for a retired key, whose
+        refills fail by design (`idmint keys retire`; issue 31 row 10)."""
+        row = self.rows.get(name)
+        return failing and not (row is not None and row.retired)
+
     def snapshot(self, name: str) -> KeySnapshot | None:
         row = self.rows.get(name)
         if row is None:
@@ -548,7 +554,7 @@ def key_values(name: str, src: Sources) -> list[tuple[str, float]]:
             ("idmint_buffer_next_ready", 1.0 if st.next is not None else 0.0),
             ("idmint_step", st.step or 0),
             ("idmint_density_ratio", st.density),
-            ("idmint_store_errors", 1.0 if st.error else 0.0),
+            ("idmint_store_errors", 1.0 if src.store_error(name, st.error is not None) else 0.0),
             ("idmint_ids_rate", rate),
             ("idmint_segment_conflicts_total", st.conflicts),
             ("idmint_segment_stripe", st.stripe),

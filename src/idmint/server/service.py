@@ -89,7 +89,9 @@ class IdBudget:
     def _make(self, key: Key) -> _Bucket | None:
         rate = self.rate(key)
         made = None
-        if rate < UNLIMITED_RATE:
+        # A retired key (first id past its maximum) has no ids to pace: no bucket, or its
+        # rate of 0 (or less, striped) would divide by zero once the burst is spent.
+        if 0 < rate < UNLIMITED_RATE:
             made = _Bucket(rate, max(rate * BURST_SECONDS, float(key.batch_cap)))
         if len(self._buckets) > 1_000_000:  # made-up names never get here: rows exist
             self._buckets.clear()
