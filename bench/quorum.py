@@ -15,9 +15,12 @@ always` (tests/server_redis.py), each on a loopback address of its own, and meas
   clients8_ids_per_s      ours, 8 client processes, each its own generator: direct, no server
   clients8_vs_single      clients8_ids_per_s / single_ids_per_s (contention's cost: >= 1.0)
   group_ids_per_s         8 caller processes through `idmint serve --quorum` (group commit),
-                          each request --batch ids (a range)
+                          each request --batch ids (a range) of quorum key "group",
+                          which the bench makes in the server's store first
   violations              repeated ids and real-time order violations the harness's checks
                           found in every phase of ours (each call recorded: start, end, ids)
+
+A phase whose processes die or hang stops the bench at once, with their error.
 
 Needs the dev extra (pottery) and redis-server.
 """
@@ -34,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,36 +85,98 @@ def _generator_client(urls: list[str], seconds: float, out: Any) -> None:
 
 
 def _http_caller(port: int, path: str, batch: int, seconds: float, out: Any) -> None:
-    # http.client, kept alive: httpx costs a caller about a millisecond of CPU per request,
-    # and eight of them would measure the callers more than the server on two cores.
-    import http.client
+    # A kept-alive socket and a request made once: the callers share two cores with the
+    # server and the nodes, so what they spend per request is taken from the server. A
+    # caller's CPU per request: httpx about 1 ms (71,000 ids/s), http.client about 300 µs,
+    # this about 110 µs (issue 31, on a busy machine).
     import json
+    import socket
 
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    request = f"GET {path}?count={batch} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
+    pending = b""
 
     def call() -> tuple[int, int]:
-        conn.request("GET", f"{path}?count={batch}")
-        got = conn.getresponse()
-        body = json.loads(got.read())
-        if got.status != 200:
+        nonlocal pending
+        sock.sendall(request)
+        data = pending
+        while (head_end := data.find(b"\r\n\r\n")) < 0:
+            data += _received(sock)
+        head = data[:head_end].lower()
+        length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        body_end = head_end + 4 + length
+        while len(data) < body_end:
+            data += _received(sock)
+        body, pending = json.loads(data[head_end + 4 : body_end]), data[body_end:]
+        if not head.startswith(b"http/1.1 200"):
             raise RuntimeError(body)
         return body["start"], body["stop"] - 1
 
     call()
     out.put(_timed(seconds, call))
-    conn.close()
+    sock.close()
+
+
+def _received(sock: Any) -> bytes:
+    chunk: bytes = sock.recv(65536)
+    if not chunk:
+        raise ConnectionError("the server closed the connection")
+    return chunk
+
+
+def _child(target: Callable[..., None], args: tuple[Any, ...], out: Any) -> None:
+    """`target(*args, out)`; if it raises, its error is put instead, for the parent to stop
+    at once (its traceback is printed here too)."""
+    try:
+        target(*args, out)
+    except BaseException as exc:
+        out.put(f"{target.__name__}: {type(exc).__name__}: {exc}")
+        raise
+
+
+#: Seconds a phase's processes may take beyond its --seconds: to start (spawn, imports,
+#: connecting, the first call) and to hand in their calls.
+SLACK = 60.0
 
 
 def _processes(target: Callable[..., None], args: tuple[Any, ...], count: int) -> list[Any]:
-    """Run `target(*args, queue)` in `count` processes at once; what each put."""
+    """Run `target(*args, queue)` in `count` processes at once (`args` end with the phase's
+    seconds); what each put. Fails at once, with the first error, when one dies: waiting for
+    the results of callers that died on their first request had hung the bench for 300 s."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    procs = [context.Process(target=target, args=(*args, queue)) for _ in range(count)]
+    procs = [context.Process(target=_child, args=(target, args, queue)) for _ in range(count)]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(30)
+    results: list[Any] = []
+    give_up = time.monotonic() + args[-1] + SLACK
+    try:
+        while len(results) < count:
+            try:
+                got = queue.get(timeout=0.5)
+            except Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                late = time.monotonic() > give_up
+                if not (dead or late):
+                    continue
+                try:  # a process that failed put its error on its way out
+                    got = queue.get(timeout=2)
+                except Empty:  # killed by a signal, or hung
+                    raise SystemExit(
+                        f"bench: {target.__name__}: "
+                        + (f"died (exit codes {dead})" if dead else "hung")
+                        + f"; {len(results)} of {count} processes handed in their calls"
+                    ) from None
+            if isinstance(got, str):
+                raise SystemExit(f"bench: a phase's process failed: {got}")
+            results.append(got)
+    finally:
+        for p in procs:
+            p.join(5 if len(results) == count else 0)
+            if p.is_alive():
+                p.kill()
+                p.join()
     return results
 
 
@@ -123,13 +189,38 @@ def redis_nodes(count: int) -> Iterator[list[Any]]:
         yield list(servers)
 
 
+def group_commit(urls: list[str], args: argparse.Namespace, result: dict[str, Any]) -> list[Call]:
+    """The group-commit phase: --callers processes asking quorum key "group" for --batch ids
+    a request through one `idmint serve --quorum`; its figures go in `result`."""
+    import idmint
+
+    from http_bench import free_port, running
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = f"sqlite:///{tmp}/s.db"
+        with idmint.connect(store) as admin:  # a server serves only quorum keys an admin made
+            admin.add_quorum_key("group")
+        serve = [sys.executable, "-m", "idmint", "--store", store]
+        serve += ["serve", "--port", str(port), "--quorum", ",".join(urls)]
+        with running(serve, f"http://127.0.0.1:{port}/livez"):
+            path = "/v1/quorum/group/ids"
+            seconds = args.seconds
+            callers = _processes(_http_caller, (port, path, args.batch, seconds), args.callers)
+    group = [c for calls, _ in callers for c in calls]
+    result["group_ids_per_s"] = round(sum(c[3] - c[2] + 1 for c in group) / seconds)
+    result["group_requests_per_s"] = round(len(group) / seconds)
+    result["group_batch"] = args.batch
+    result["group_callers"] = args.callers
+    result["group_errors"] = sum(e for _, e in callers)
+    return group
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import redis
     from pottery import NextID
 
     from idmint import open_quorum
-
-    from http_bench import free_port, running
 
     seconds = args.seconds
     result: dict[str, Any] = {"nodes": args.nodes, "seconds": seconds}
@@ -176,19 +267,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["clients8_errors"] = sum(e for _, e in eight)
         result["clients8_vs_single"] = round(len(calls8) / max(1, len(single)), 2)
 
-        port = free_port()
-        with tempfile.TemporaryDirectory() as tmp:
-            serve = [sys.executable, "-m", "idmint", "--store", f"sqlite:///{tmp}/s.db"]
-            serve += ["serve", "--port", str(port), "--quorum", ",".join(urls)]
-            with running(serve, f"http://127.0.0.1:{port}/livez"):
-                path = "/v1/quorum/group/ids"
-                callers = _processes(_http_caller, (port, path, args.batch, seconds), args.callers)
-        group = [c for calls, _ in callers for c in calls]
-        result["group_ids_per_s"] = round(sum(c[3] - c[2] + 1 for c in group) / seconds)
-        result["group_requests_per_s"] = round(len(group) / seconds)
-        result["group_batch"] = args.batch
-        result["group_callers"] = args.callers
-        result["group_errors"] = sum(e for _, e in callers)
+        group = group_commit(urls, args, result)
         result["violations"] = violations(single) + violations(calls8) + violations(group)
         for c in clients:
             c.close()

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from idmint import InvalidArgument
+from idmint import InvalidArgument, StoreUnavailable
 from idmint.stores import open_engine
 from idmint.stores.base import QuorumNode
+from idmint.stores.redis.quorum import RedisQuorumNode, parse_claim_answer
 
 from checks import run_threads
 from conftest import fresh_store_url
@@ -103,3 +104,34 @@ def test_engines_without_quorum_nodes_say_which_have_them(tmp_path: Path) -> Non
     engine = open_engine("cassandra://127.0.0.1:1/ks")
     with pytest.raises(InvalidArgument, match=r"no quorum nodes.*redis"):
         engine.quorum()
+
+
+def test_a_redis_node_s_multiplexed_claims_go_as_resp_on_its_socket(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The claims of a round (send_claim, receive_claim) go as RESP bytes on the claim
+    connection's socket, not through redis-py's command path (half the CPU of a round)."""
+    engine = open_engine(fresh_store_url("redis", request, tmp_path))
+    node = engine.quorum()
+    assert isinstance(node, RedisQuorumNode)
+    node.mux_connect()
+    node.send_claim("k", 2**60, 2**63 - 2)
+    assert node.receive_claim() == (True, 2**63 - 2, 2**60)
+    node.send_claim("k", 5, 9)
+    assert node.receive_claim() == (False, 2**63 - 2, 5)
+    assert node.read("k") == 2**63 - 2
+    engine.close()
+
+
+def test_claim_answers_are_read_whole_and_errors_named() -> None:
+    whole = b"*3\r\n:1\r\n$19\r\n9223372036854775806\r\n$1\r\n5\r\n"
+    for cut in range(len(whole)):  # an answer that has come in part
+        assert parse_claim_answer(whole[:cut]) is None, whole[:cut]
+    assert parse_claim_answer(whole) == (True, 2**63 - 2, 5)
+    assert parse_claim_answer(b"*3\r\n:0\r\n$2\r\n10\r\n$1\r\n5\r\n") == (False, 10, 5)
+    with pytest.raises(StoreUnavailable, match="BUSY Redis is busy"):
+        parse_claim_answer(b"-BUSY Redis is busy running a script\r\n")
+    with pytest.raises(ValueError, match="past the claim"):
+        parse_claim_answer(whole + b":1\r\n")
+    with pytest.raises(ValueError, match="not the claim"):
+        parse_claim_answer(b"+OK\r\n")

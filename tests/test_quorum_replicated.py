@@ -19,8 +19,7 @@ import pytest
 from idmint import InvalidArgument, QuorumOptions, open_quorum
 from idmint.cli import main as cli_main
 from idmint.stores import open_engine
-from idmint.stores.base import QuorumNode
-from idmint.strategies.quorum_nodes import ReplicatedNode
+from idmint.stores.base import QuorumNode, ReplicatedNode
 
 from harness import duplicates
 from replicated import postgres_pair, redis_pair

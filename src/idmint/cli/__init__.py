@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from .._errors import IdmintError, InvalidArgument, KeyExists, KeyNotFound
-from . import datacenter, keys, next_ids, serve, snowflake
+from . import datacenter, importing, keys, next_ids, serve, snowflake
 from .root import cli
 
 __all__ = ["cli", "main"]
@@ -38,12 +38,33 @@ for _command in (
     snowflake.workers,
     keys.quorum_group,
     datacenter.dc_group,
+    importing.import_,
 ):
     cli.add_command(_command)
 
 
+class _LogLines(logging.Handler):
+    """Where log records go when no handler takes them (`logging.lastResort`, as in the CLI
+    outside `serve`): one line each, `idmint: warning: ...`. It notes what it printed, so that
+    the closing error line is left out when a record said it already: a quorum node refused
+    is logged, for servers, where no caller may see the error, and raised too."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = " ".join(record.getMessage().split())
+        self.said.add(message)
+        click.echo(f"idmint: {record.levelname.lower()}: {message}", err=True)
+
+
+_log_lines = _LogLines()
+
+
 def _fail(message: str, code: int) -> int:
-    click.echo(f"idmint: error: {message}", err=True)
+    if " ".join(message.split()) not in _log_lines.said:
+        click.echo(f"idmint: error: {message}", err=True)
     return code
 
 
@@ -65,6 +86,15 @@ def main(argv: list[str] | None = None, run: Callable[..., Any] = cli.main) -> i
     # before idmint's one line, which already says what failed.
     for driver in ("kazoo", "cassandra"):
         logging.getLogger(driver).setLevel(logging.CRITICAL)
+    last_resort, logging.lastResort = logging.lastResort, _log_lines
+    _log_lines.said.clear()
+    try:
+        return _run(argv, run)
+    finally:
+        logging.lastResort = last_resort
+
+
+def _run(argv: list[str] | None, run: Callable[..., Any]) -> int:
     try:
         result = run(args=argv, prog_name="idmint", standalone_mode=False)
     except click.exceptions.Abort:

@@ -81,6 +81,39 @@ class QuorumNode(Protocol):
         """Release connections."""
 
 
+#: A server's replication role (stores/replication.py reads it): a primary with replicas
+#: attached, a read-only replica, or no replication at all.
+PRIMARY, REPLICA, STANDALONE = "primary", "replica", "standalone"
+
+
+class ReplicationView(Protocol):
+    """What a strategy reads of a server's replication (stores/replication.py's
+    ReplicationState has it): its role, the replicas connected, the engine's own words, and
+    why a failover could lose an acknowledged write (None when it cannot)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+    @property
+    def detail(self) -> str: ...
+
+    @property
+    def risk(self) -> str | None: ...
+
+
+@runtime_checkable
+class ReplicatedNode(Protocol):
+    """A quorum node whose engine can say how it is replicated: Redis and the SQL engines.
+    The others are not asked: an etcd or ZooKeeper cluster acknowledges a write only once a
+    majority of its members has it, and memory:// is refused anyway."""
+
+    def replication(self) -> ReplicationView | None:
+        """The server's replication now; None for an engine that has none (SQLite)."""
+
+
 @runtime_checkable
 class MultiplexedQuorumNode(QuorumNode, Protocol):
     """A QuorumNode whose claims can be sent and answered apart, over one connection, so that

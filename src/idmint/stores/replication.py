@@ -25,7 +25,10 @@ from .._errors import InvalidArgument
 from ..ids import is_digits
 from ._urls import take_parameter
 
-PRIMARY, REPLICA, STANDALONE = "primary", "replica", "standalone"
+# The roles, kept with the contracts (a strategy reads them there); re-exported here.
+from .base import PRIMARY as PRIMARY
+from .base import REPLICA as REPLICA
+from .base import STANDALONE as STANDALONE
 
 #: The store URL parameter that accepts replicas a write does not wait for (=1).
 UNSAFE_REPLICATION = "unsafe_replication"

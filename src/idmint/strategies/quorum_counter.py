@@ -42,6 +42,7 @@ class _KeyNode:
     refused: str | None = None  # why the node no longer votes on this key (its counter went back)
     checked_epoch: int = -1  # the node's epoch when the key last read its counter there
     checked_at: float = 0.0
+    read: int | None = None  # the counter the key's last check read there
 
     def check_due(self, slot: NodeSlot, every: float) -> bool:
         return self.checked_epoch != slot.epoch or time.monotonic() - self.checked_at >= every
@@ -114,8 +115,9 @@ class QuorumCounter(ForkAware):
         """Look at every node that answers within `timeout` (default: the deadline): raise
         InvalidArgument for one that may lose an acknowledged claim (unless options.unsafe),
         one that is replicated (unless options.replicated_nodes) or a replica, or one that is
-        another node again under a second URL. Nodes that do not answer are
-        checked before their first claim."""
+        another node again under a second URL. On a set new to this process it reads the key's
+        counter on each, and the key's first round starts where a majority of them is below
+        it. Nodes that do not answer are checked before their first claim."""
         self._check_fork()
         if (bad := self.nodes.misconfigured()) is not None:
             raise bad
@@ -131,13 +133,26 @@ class QuorumCounter(ForkAware):
             if not slot.checked
         )
         until = time.monotonic() + (timeout or self.options.deadline)
-        for _ in range(sent):
-            try:
-                _, answer = answers.get(timeout=max(0, until - time.monotonic()))
-            except queue.Empty:
-                return
-            if isinstance(answer, InvalidArgument):
-                raise answer
+        try:
+            for _ in range(sent):
+                try:
+                    _, answer = answers.get(timeout=max(0, until - time.monotonic()))
+                except queue.Empty:
+                    return
+                if isinstance(answer, InvalidArgument):
+                    raise answer
+        finally:
+            self._start_above_reads()
+
+    def _start_above_reads(self) -> None:
+        """Start the key's first round where a majority of the counters its check read is
+        below it (the lowest start that can win; any start is safe, see quorum.py): at
+        options.start every node that took claims refuses it, and on main the next round then
+        began above that refused round's end, spending a batch of a bounded key."""
+        reads = sorted(m.read for m in self._mine if m.read is not None)
+        if len(reads) >= self.majority:
+            with self._lock:
+                self._guess = max(self._guess, reads[self.majority - 1] + 1)
 
     def _check_key(self, slot: NodeSlot) -> None:
         """Refuse `slot`'s node for this key (raises InvalidArgument) if the key's counter on
@@ -159,6 +174,7 @@ class QuorumCounter(ForkAware):
                 "from an older copy?), so it no longer votes on this key in this process. "
                 "Before using it again, raise its counter above every id handed out",
             )
+        mine.read = counter
         mine.checked_epoch, mine.checked_at = epoch, time.monotonic()
 
     def _refuse_key(self, slot: NodeSlot, why: str, message: str) -> InvalidArgument:
@@ -390,7 +406,11 @@ class QuorumCounter(ForkAware):
             # skipped ids are never handed out: numbers are spent, not time.
             if seen:  # a fresh counter's first refusal only tells it where the key is
                 self._spread = min(self._spread * 2, MAX_SPREAD)
-            self._guess = max(end + 1, max(m.counter for m in self._mine) + 1)
+            # The next round starts above every counter seen; above this round's end only if
+            # a node took it. A round every node refused claimed nothing: skipping its ids
+            # spent them for nothing, N ids of a bounded key at each fresh start below N.
+            highest = max(m.counter for m in self._mine)
+            self._guess = max(self._guess, highest + 1, end + 1 if outcome.applied else 0)
 
     def _no_majority(self, outcome: _Outcome) -> QuorumUnavailable:
         """The error of a request whose deadline passed; `outcome` is its last round's."""

@@ -19,13 +19,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from .._errors import InvalidArgument
 from .._fork import ForkAware
 from ..ids import ID_MAX, check_count
-from ..stores.base import MultiplexedQuorumNode, QuorumNode
-from ..stores.replication import REPLICA, ReplicationState
+from ..stores.base import REPLICA, MultiplexedQuorumNode, QuorumNode, ReplicatedNode
 
 log = logging.getLogger("idmint.quorum")
 
@@ -163,16 +162,6 @@ class RoundJob(Protocol):
 
 
 Answer = tuple["NodeSlot", "tuple[bool, int] | Exception"]
-
-
-@runtime_checkable
-class ReplicatedNode(Protocol):
-    """A quorum node whose engine can say how it is replicated: Redis and the SQL engines.
-    The others are not asked: an etcd or ZooKeeper cluster acknowledges a write only once a
-    majority of its members has it, and memory:// is refused anyway."""
-
-    def replication(self) -> ReplicationState | None:
-        """The server's replication now; None for an engine that has none (SQLite)."""
 
 
 class NodeSlot:

@@ -477,7 +477,9 @@ class SegmentRefills(ForkAware):
                 self._refilling = False
                 self._cond.notify_all()
             if self._failing_since is not None:
-                log.warning("key %r: the store answers again", self.key)
+                # Good news: INFO. The failure was a warning; an operator's alert should not
+                # match the recovery too (issue 31 row 15).
+                log.info("key %r: the store answers again", self.key)
                 self._failing_since, self._backoff = None, 0.0
             return None
         with self._cond:

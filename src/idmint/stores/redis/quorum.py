@@ -42,6 +42,52 @@ return {0, current, start}
 """
 
 
+# A claim on the multiplexed connection, as RESP: EVAL, the script, one key, then the key's
+# counter, start and end as bulk strings (see send_claim).
+_EVAL_HEAD = b"*6\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (
+    len(_CLAIM.encode()),
+    _CLAIM.encode(),
+)
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def parse_claim_answer(data: bytes) -> tuple[bool, int, int] | None:
+    """The script's answer {applied, counter, start} in `data` (RESP 2 or 3: an array of an
+    integer and two bulk strings), or None while part of it has still to come. A Redis error
+    reply raises StoreUnavailable with its text; anything else, or bytes past the answer
+    (there is one claim outstanding at a time), raises ValueError."""
+    if not data.endswith(b"\r\n"):
+        return None
+    lines = data.split(b"\r\n")
+    lines.pop()  # after the last CRLF
+    if lines[0][:1] == b"-":
+        raise StoreUnavailable(lines[0][1:].decode(errors="replace"))
+    if lines[0] != b"*3":
+        raise ValueError(f"not the claim script's answer: {data[:80]!r}")
+    values: list[int] = []
+    i = 1
+    while i < len(lines) and len(values) < 3:
+        kind = lines[i][:1]
+        if kind == b":":
+            values.append(int(lines[i][1:]))
+            i += 1
+        elif kind == b"$" and i + 1 < len(lines):
+            values.append(int(lines[i + 1]))
+            i += 2
+        elif kind == b"$":
+            return None
+        else:
+            raise ValueError(f"not the claim script's answer: {data[:80]!r}")
+    if len(values) < 3:
+        return None
+    if i != len(lines):
+        raise ValueError(f"bytes past the claim's answer: {data[:80]!r}")
+    return bool(values[0]), values[1], values[2]
+
+
 class RedisQuorumNode:
     """QuorumNode on one Redis server (a primary), sharing the connection pool of the engine's
     compare-and-set cells (their error mapping and identity too).
@@ -61,6 +107,8 @@ class RedisQuorumNode:
         self._conn_pid = 0
         self._mux: Any = None  # the multiplexed claims' connection, used by one thread
         self._mux_pid = 0
+        self._mux_sock: Any = None  # its socket: claims and answers go straight through it
+        self._mux_read = b""  # the part of an answer read so far
 
     def _counter(self, key: str) -> str:
         return f"{self._prefix}:q:{key}"
@@ -118,30 +166,63 @@ class RedisQuorumNode:
         def connect() -> None:
             conn = self._new_connection()
             conn.connect()
-            self._mux, self._mux_pid = conn, os.getpid()
+            self._mux, self._mux_pid, self._mux_sock = conn, os.getpid(), conn._sock
+            self._mux_read = b""
 
         self.mux_reset()
         self._call(connect, idempotent=True)
 
+    # The claims and their answers go over the connection's socket as RESP bytes, not through
+    # redis-py's send_command and read_response (its packing, parser and buffers): a claim is
+    # one small command and its answer one small array, and that took about half the CPU of
+    # a round. redis-py still makes the connection (TLS, AUTH, SELECT, HELLO).
+
     def send_claim(self, key: str, start: int, end: int) -> None:
-        conn = self._mux
         if not self.mux_connected():
             raise StoreUnavailable(f"store {self.display_url}: no claim connection")
         # EVAL, not EVALSHA: a server that restarted has no script cache, and an answer that
         # comes later cannot be followed by a second try. Redis caches the script by its hash.
-        args = ("EVAL", _CLAIM, 1, self._counter(key), str(start), str(end))
-        self._call(lambda: conn.send_command(*args), idempotent=False)
+        claim = b"".join(
+            (
+                _EVAL_HEAD,
+                _bulk(self._counter(key).encode()),
+                _bulk(b"%d" % start),
+                _bulk(b"%d" % end),
+            )
+        )
+        self._mux_read = b""
+        try:
+            self._mux_sock.sendall(claim)
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
 
     def fileno(self) -> int:
-        return int(self._mux._sock.fileno())
+        return int(self._mux_sock.fileno())
 
     def receive_claim(self) -> tuple[bool, int, int]:
-        conn = self._mux
-        applied, value, start = cast(list[Any], self._call(conn.read_response, idempotent=False))
-        return bool(applied), int(value), int(start)
+        """The answer, read once the socket is readable (a part still missing is waited for
+        within the connection's socket timeout)."""
+        try:
+            while True:
+                chunk = self._mux_sock.recv(4096)
+                if not chunk:
+                    raise ConnectionError("the server closed the connection")
+                self._mux_read += chunk
+                if (answer := parse_claim_answer(self._mux_read)) is not None:
+                    break
+        except StoreUnavailable as exc:
+            raise StoreUnavailable(f"store {self.display_url}: {exc}") from exc
+        except (OSError, ValueError) as exc:
+            raise self._unavailable(exc) from exc
+        self._mux_read = b""
+        return answer
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return StoreUnavailable(f"store {self.display_url} unavailable: {reason}")
 
     def mux_reset(self) -> None:
-        conn, self._mux = self._mux, None
+        conn, self._mux, self._mux_sock = self._mux, None, None
         if conn is None:
             return
         if self._mux_pid == os.getpid():
