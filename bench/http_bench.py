@@ -2,12 +2,21 @@
 
     python bench/http.py --json      (http.py runs this file)
 
-Figures (wrk over keep-alive, 64 connections, one wrk thread: one core for wrk, one for the server):
+Figures (wrk over keep-alive, 64 connections, one wrk thread: one core for wrk, one for the server;
+with taskset and two CPUs or more, wrk is pinned to the first and the servers to the last):
   single_rps        GET /api/segment/get/{key}: one id per request
   floor_rps         a bare granian RSGI app answering a counter, same wrk and granian settings
                     (one worker, HTTP/1.1, uvloop)
   ratio             single_rps / floor_rps
   single_p99_ms     99th percentile latency of the single-id route
+  tinyid_rps        GET /tinyid/id/nextIdSimple?bizType={key}: one id per request (tinyid's
+                    client token as token=, with --client-token)
+  tinyid_json_rps   GET /tinyid/id/nextId?bizType={key}: the same as tinyid's JSON
+  cosid_rps         GET /ids/{key}: CosId proxy's one id
+  *_ratio           each of those / single_rps, all on the same key, taken in the same rounds
+  *_round_ratio     the median over the rounds of each round's rate / single's in that round
+  *_cpu_us          CPU the server's processes (or the floor's) used per request, least of the
+                    rounds: on a busy machine it moves less than the rates
   batch_ids_per_s   GET /v1/keys/{key}/ids?count=1000, requests/s x 1000
   client_ids_per_s  Client.segment().next_id() in one thread, ranges from the server
 """
@@ -22,6 +31,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,7 +74,11 @@ def running(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A server process for the length of the block, stopped however the block ends."""
     proc = subprocess.Popen(
-        args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        [*SERVER_CPU, *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         wait_up(url, proc)
@@ -78,10 +92,40 @@ def running(
             proc.wait()
 
 
-def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:
-    """Requests/s and p99 latency (ms) from one wrk run."""
+def cpus() -> tuple[list[str], list[str]]:
+    """The taskset prefixes for the load generator and for the servers: one CPU each, so the
+    two never take turns on one core (nothing, without taskset or a second CPU)."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2 or shutil.which("taskset") is None:
+        return [], []
+    return ["taskset", "-c", str(mine[0])], ["taskset", "-c", str(mine[-1])]
+
+
+LOAD_CPU, SERVER_CPU = cpus()
+
+
+def group_cpu(pgid: int) -> float:
+    """CPU seconds the processes of a process group (a server and its workers) used so far."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid:  # pgrp; then utime and stime, in clock ticks
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(
+    url: str, seconds: int, connections: int, headers: tuple[str, ...] = (), server: int = 0
+) -> dict[str, float]:
+    """Requests/s and p99 latency (ms) from one wrk run; with the `server`'s process group,
+    also the CPU it used per request (us), which a busy machine changes less than the rate."""
+    args = [f"-H{header}" for header in headers]
+    cpu = group_cpu(server) if server else 0.0
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url],
+        [*LOAD_CPU, "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", *args, url],
         capture_output=True,
         text=True,
         check=True,
@@ -91,11 +135,15 @@ def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
         raise SystemExit(f"wrk saw {errors.group(1)} error responses from {url}")
-    return {"rps": rps, "p99_ms": float(value) * UNITS[unit]}
+    run = {"rps": rps, "p99_ms": float(value) * UNITS[unit]}
+    if server:
+        requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+        run["cpu_us"] = (group_cpu(server) - cpu) * 1e6 / requests
+    return run
 
 
-def client_rate(url: str, n: int) -> float:
-    with idmint.Client(url) as client:
+def client_rate(url: str, n: int, token: str | None) -> float:
+    with idmint.Client(url, token=token) as client:
         gen = client.segment("bench")
         gen.next_ids(10_000)  # the first ranges, the step growing
         next_id = gen.next_id
@@ -112,6 +160,11 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="best of N for server and floor")
     parser.add_argument("--client-ids", type=int, default=3_000_000)
+    parser.add_argument(
+        "--client-token",
+        default="",
+        help="serve with this client token: wrk sends it as each route's clients do",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk")
@@ -121,7 +174,15 @@ def main() -> None:
         "python": sys.version.split()[0],
         "connections": args.connections,
         "seconds": args.seconds,
+        # wrk's CPU and the servers', as taskset names them ("" when not pinned)
+        "pinned": f"wrk {LOAD_CPU[-1]}, servers {SERVER_CPU[-1]}" if LOAD_CPU else "",
+        "client_token": bool(args.client_token),
     }
+    token = args.client_token
+    bearer = (f"Authorization: Bearer {token}",) if token else ()
+    # Each route as its own clients send the token: Leaf's and CosId's (and idmint's) a
+    # bearer header, tinyid's a query parameter.
+    tinyid_token = f"&token={token}" if token else ""
     with tempfile.TemporaryDirectory() as tmp:
         store = f"sqlite:///{Path(tmp) / 'bench.db'}"
         with idmint.connect(store) as minter:
@@ -144,7 +205,7 @@ def main() -> None:
             "floor_app:app",
         ]
         with contextlib.ExitStack() as stack:
-            stack.enter_context(
+            served = stack.enter_context(
                 running(
                     [
                         sys.executable,
@@ -157,41 +218,78 @@ def main() -> None:
                         str(port),
                         "--http",
                         "1",
+                        *(["--client-token", token] if token else []),
                     ],
                     url + "/livez",
                 )
             )
-            stack.enter_context(
+            floor = stack.enter_context(
                 running(
                     [sys.executable, "-m", "granian", *floor_args],
                     f"http://127.0.0.1:{floor_port}/",
                     BENCH / "floor",
                 )
             )
-            single_url = url + "/api/segment/get/bench"
-            wrk(single_url, 2, args.connections)  # warm up: first ranges, step growth
-            single: dict[str, float] = {"rps": 0.0, "p99_ms": 0.0}
-            floor_run: dict[str, float] = {"rps": 0.0}
-            for _ in range(args.rounds):  # interleaved, so both see the same machine
-                run = wrk(single_url, args.seconds, args.connections)
-                if run["rps"] > single["rps"]:
-                    single = run
-                floor_run = max(
-                    floor_run,
-                    wrk(f"http://127.0.0.1:{floor_port}/", args.seconds, args.connections),
-                    key=lambda r: r["rps"],
-                )
-            batch = wrk(url + "/v1/keys/bench/ids?count=1000", args.seconds, args.connections)
+            # One key for all: the routes differ in their wire formats only.
+            routes = {
+                "single": (url + "/api/segment/get/bench", bearer, served.pid),
+                "tinyid": (
+                    url + f"/tinyid/id/nextIdSimple?bizType=bench{tinyid_token}",
+                    (),
+                    served.pid,
+                ),
+                "tinyid_json": (
+                    url + f"/tinyid/id/nextId?bizType=bench{tinyid_token}",
+                    (),
+                    served.pid,
+                ),
+                "cosid": (url + "/ids/bench", bearer, served.pid),
+                "floor": (f"http://127.0.0.1:{floor_port}/", (), floor.pid),
+            }
+            wrk(routes["single"][0], 2, args.connections, bearer)  # warm up: first ranges
+            best = {name: {"rps": 0.0, "p99_ms": 0.0} for name in routes}
+            cpu_us = dict.fromkeys(routes, float("inf"))
+            rates: dict[str, list[float]] = {name: [] for name in routes}
+            for _ in range(args.rounds):  # interleaved, so all see the same machine
+                for name, (target, headers, pgid) in routes.items():
+                    run = wrk(target, args.seconds, args.connections, headers, pgid)
+                    best[name] = max(best[name], run, key=lambda r: r["rps"])
+                    cpu_us[name] = min(cpu_us[name], run["cpu_us"])
+                    rates[name].append(run["rps"])
+            single, floor_run = best["single"], best["floor"]
+            batch = wrk(
+                url + "/v1/keys/bench/ids?count=1000", args.seconds, args.connections, bearer
+            )
             result |= {
                 "single_rps": round(single["rps"]),
                 "floor_rps": round(floor_run["rps"]),
                 "ratio": round(single["rps"] / floor_run["rps"], 3),
                 "single_p99_ms": single["p99_ms"],
                 "floor_p99_ms": floor_run["p99_ms"],
+                "single_cpu_us": round(cpu_us["single"], 2),
+                "floor_cpu_us": round(cpu_us["floor"], 2),
+            }
+            for name in ("tinyid", "tinyid_json", "cosid"):
+                result |= {
+                    f"{name}_rps": round(best[name]["rps"]),
+                    f"{name}_ratio": round(best[name]["rps"] / single["rps"], 3),
+                    # Each round's against the Leaf route's of the same round: load that comes
+                    # and goes between rounds cancels out.
+                    f"{name}_round_ratio": round(
+                        statistics.median(
+                            mine / leaf
+                            for mine, leaf in zip(rates[name], rates["single"], strict=True)
+                        ),
+                        3,
+                    ),
+                    f"{name}_p99_ms": best[name]["p99_ms"],
+                    f"{name}_cpu_us": round(cpu_us[name], 2),
+                }
+            result |= {
                 "batch_rps": round(batch["rps"]),
                 "batch_ids_per_s": round(batch["rps"] * 1000),
                 "batch_p99_ms": batch["p99_ms"],
-                "client_ids_per_s": round(client_rate(url, args.client_ids)),
+                "client_ids_per_s": round(client_rate(url, args.client_ids, token or None)),
             }
     if args.json:
         print(json.dumps(result))

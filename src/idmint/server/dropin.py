@@ -14,13 +14,17 @@ The shapes follow the peers' source:
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
 from .._errors import IdmintError
-from ..ids import ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
-from .http import MAX_IDS, MAX_RANGE, STATUS_OF, HttpError, Response, bearer_in, json_response
+from ..ids import BATCH_CAP_MAX, ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE, Key, Range
+from ..strategies.refills import allocate_any
+from . import http
+from .http import JSON, MAX_IDS, STATUS_OF, HttpError, Response, bearer_in, json_response
 from .openapi import E400_CAP, E401_IDS, E404, E410, E503, TEXT, json_ok, text_ok
 from .pools import PoolTimeout
 from .routes import (
@@ -36,7 +40,7 @@ from .routes import (
     path_key,
     query_int,
 )
-from .service import IdService
+from .service import IdService, check_cap
 
 TINYID_PREFIX = "/tinyid/id/"
 TINYID_IDS = TINYID_PREFIX + "nextId"
@@ -51,8 +55,19 @@ TINYID_OK = 200  # Response.java's code on success
 TOKEN_ERR = 5  # ErrorCode.TOKEN_ERR, message "token is error"
 SYS_ERR = 6  # ErrorCode.SYS_ERR: any other failure (the message says which)
 LOADING_PERCENT = 20  # Constants.LOADING_PERCENT: where a tinyid client loads its next segment
+#: CosId's largest nextMaxId step at its default segment step: SegmentChainId's prefetch asks
+#: for step x segments, the segments doubling while its callers go hungry, up to
+#: MAX_PREFETCH_DISTANCE (100,000,000), so 10 x 100,000,000.
+COSID_MAX_STEP = 1_000_000_000
 
-Take = Callable[[Call, str], Awaitable[tuple[Any, str, int]]]
+#: The GETs answer_now may answer before any routing: tinyid's nextId and nextIdSimple, and
+#: CosId's /ids/{key} (a prefix of each).
+NOW_PREFIXES = (TINYID_IDS, "/ids/")
+_NOW_TEXT = [("content-type", http.TEXT)]
+_NOW_JSON = [("content-type", JSON)]
+
+#: Takes a tinyid answer's ids: its data as JSON, its plain text, how many ids.
+Take = Callable[[Call, str], Awaitable[tuple[str, str, int]]]
 
 
 def _path_part(text: str, what: str) -> str:
@@ -225,8 +240,9 @@ ROUTES = (
             query_int(
                 "step",
                 1,
-                MAX_RANGE,
-                "How many ids, at most the key's batch cap",
+                COSID_MAX_STEP,
+                f"How many ids: at most the key's batch cap, or {COSID_MAX_STEP} on a key "
+                f"without a maximum whose cap is the largest ({BATCH_CAP_MAX})",
                 required=True,
                 missing="step is required: how many ids the segment holds",
             ),
@@ -259,6 +275,63 @@ class DropIn:
     def __init__(self, service: IdService) -> None:
         self.service = service
         self.counters = service.counters
+
+    # -- one id before any routing ------------------------------------------------------------
+
+    def answer_now(self, path: str, scope: Any) -> tuple[str, list[tuple[str, str]]] | None:
+        """One id for a GET of tinyid's nextId or nextIdSimple or of CosId's /ids/{key}, from
+        the key's buffer, as the app answers Leaf's route before routing (App.__rsgi__): its
+        body and headers. `scope` is granian's: its query string and headers are read only
+        when needed (each is made for the asking). None when the routed path must answer: a
+        query with escapes, a batchSize other than 1, a token not given as the hot path takes
+        it, a key not loaded yet, a spent budget, an empty buffer, an error. The router answers
+        alike, only slower (docs/benchmarks.md, HTTP server: the drop-in routes)."""
+        service = self.service
+        accepted = service.bearers
+        if path.startswith("/ids/"):
+            if accepted and not bearer_in(scope.headers.get("authorization"), accepted):
+                return None
+            key, route = path[5:], COSID_ID
+        elif path in (TINYID_IDS, TINYID_IDS_SIMPLE):
+            query = scope.query_string
+            if "%" in query or "+" in query:
+                return None  # parse_qs's to undo
+            biz: str | None = None
+            token: str | None = None
+            for part in query.split("&"):  # the last of each wins, as in Call.arg
+                name, _, value = part.partition("=")
+                if name == "bizType":
+                    biz = value
+                elif name == "token":
+                    token = value
+                elif name == "batchSize" and value.strip() not in ("", "1"):
+                    return None  # more ids, or a bad count: Call.arg checks every value
+            if biz is None:
+                return None
+            if accepted and not (
+                (token is not None and bearer_in(f"Bearer {token}", accepted))
+                or bearer_in(scope.headers.get("authorization"), accepted)
+            ):
+                return None
+            key, route = biz, path
+        else:
+            return None
+        gen, row = service.generators.get(key), service.rows.get(key)
+        if gen is None or row is None:
+            return None
+        try:
+            # Charged first: a 429 is the routed path's to answer, with nothing drawn. An empty
+            # buffer below then has the router charge the id again (the budget only, and rare).
+            service.charge(row, 1)
+            i = gen.try_next_id()
+        except (HttpError, IdmintError):
+            return None
+        if i is None:
+            return None
+        self.counters.handed[route] += 1
+        if route == TINYID_IDS:
+            return f'{{"data":[{i}],"code":{TINYID_OK},"message":""}}', _NOW_JSON
+        return str(i), _NOW_JSON if route == COSID_ID else _NOW_TEXT
 
     # -- errors ------------------------------------------------------------------------------
 
@@ -317,14 +390,16 @@ class DropIn:
         self.counters.handed[route] += handed
         if simple:
             return Response(200, text)
-        return json_response({"data": data, "code": TINYID_OK, "message": ""})
+        # The data comes encoded: json.dumps of the whole answer took about 3 us.
+        return Response(200, f'{{"data":{data},"code":{TINYID_OK},"message":""}}', JSON)
 
-    async def _ids(self, call: Call, key: str) -> tuple[Any, str, int]:
+    async def _ids(self, call: Call, key: str) -> tuple[str, str, int]:
         # tinyid takes an empty batchSize as 1 (an Integer parameter left null)
         ids = await self.service.take_ids(key, call.arg("batchSize"), "batchSize")
-        return ids, ",".join(map(str, ids)), len(ids)
+        text = ",".join(map(str, ids))
+        return f"[{text}]", text, len(ids)
 
-    async def _segment(self, call: Call, key: str) -> tuple[Any, str, int]:
+    async def _segment(self, call: Call, key: str) -> tuple[str, str, int]:
         """A fresh range of the key (its step), as tinyid's SegmentId: a client hands out the
         ids in (currentId, maxId] that are congruent to remainder modulo delta, which are the
         range's ids exactly (a striped key's range has stride delta)."""
@@ -341,7 +416,7 @@ class DropIn:
         text = ",".join(
             str(segment[name]) for name in ("currentId", "loadingId", "maxId", "delta", "remainder")
         )
-        return segment, text, len(ids)
+        return json.dumps(segment, separators=(",", ":")), text, len(ids)
 
     # Each serves its route's JSON form and its plain one (the route's path says which).
     async def tinyid_ids(self, call: Call) -> Response:
@@ -352,8 +427,8 @@ class DropIn:
 
     # -- CosId -------------------------------------------------------------------------------
 
-    async def _cosid(self, route: str, answer: Awaitable[tuple[Any, int]]) -> Response:
-        """CosId's answers: the value as JSON, or its ErrorResponse `{"code", "msg",
+    async def _cosid(self, route: str, answer: Awaitable[tuple[int | None, int]]) -> Response:
+        """CosId's answers: the id as a JSON number, or its ErrorResponse `{"code", "msg",
         "errors"}` with idmint's status (its code the status, as text)."""
         try:
             value, handed = await answer
@@ -366,12 +441,12 @@ class DropIn:
         if value is None:  # createDistributor: Spring's empty 200 for a void method
             return Response(200, "")
         self.counters.handed[route] += handed
-        return json_response(value)
+        return Response(200, str(value), JSON)  # a JSON number: json.dumps took 2 us for it
 
     async def cosid_id(self, call: Call) -> Response:
         key = call.key
 
-        async def one() -> tuple[Any, int]:
+        async def one() -> tuple[int | None, int]:
             [i] = await self.service.take_ids(key, 1, "count")
             return i, 1
 
@@ -380,28 +455,54 @@ class DropIn:
     async def cosid_segment(self, call: Call) -> Response:
         key = call.key
 
-        async def next_max_id() -> tuple[Any, int]:
+        async def next_max_id() -> tuple[int | None, int]:
             call.arg("namespace")
             step = call.arg("step")
-            if (await self.service.key_row(key)).stripes > 1:
+            row = await self.service.key_row(key)
+            if row.stripes > 1:
                 raise HttpError(400, self._striped(key))
-            taken, _ = await self.service.allocate(key, step, None)
-            if len(taken.range) < step:  # a bounded key's last ids: never served, so no gap
+            if step > row.batch_cap:
+                # CosId's client makes its segment (maxId - step, maxId] from the step it
+                # asked (IdSegmentDistributor.nextIdSegment, DefaultIdSegment): a shorter range
+                # would make it count down into ids handed out before. So the whole step, or
+                # the cap's 400.
+                if row.batch_cap < BATCH_CAP_MAX or row.bounded:
+                    check_cap(row, step, "step")
+                ids = await self._range_past_cap(row, step)
+            else:
+                ids = (await self.service.allocate(key, step, None))[0].range
+            if len(ids) < step:  # a bounded key's last ids: never served, so no gap
                 raise HttpError(
                     410,
                     f"key {key!r} has fewer than {step} ids left: CosId's segment must hold "
-                    f"exactly step ids (the last {len(taken.range)} are skipped)",
+                    f"exactly step ids (the last {len(ids)} are skipped)",
                 )
-            return taken.range.last, len(taken.range)
+            return ids.last, len(ids)
 
         return await self._cosid(COSID_SEGMENT, next_max_id())
+
+    async def _range_past_cap(self, row: Key, size: int) -> Range:
+        """`size` ids as one range, above the key's batch cap: IdService.allocate without its
+        cap check, for CosId's prefetch on a key without a maximum whose cap is the largest
+        (an admin's opt-in, as docs/server.md's migration note says). Its budget still
+        applies."""
+        service = self.service
+        service.charge(row, size)
+        ranges = service.minter().ranges
+        taken = await service.pool.run(
+            service.store_deadline, functools.partial(allocate_any, ranges, row.name, size)
+        )
+        service.keep_allocated_row(taken.key)
+        handed = self.counters.ranges_handed
+        handed[row.name] = handed.get(row.name, 0) + len(taken.range)
+        return taken.range
 
     async def cosid_distributor(self, call: Call) -> Response:
         """The key must exist (keys are idmint's admin's to make), with every id it hands out
         above `offset`, as CosId's would be."""
         key = call.key
 
-        async def check() -> tuple[Any, int]:
+        async def check() -> tuple[int | None, int]:
             call.arg("namespace")
             offset = call.arg("offset")
             call.arg("step")  # checked, unused: each call says its own
