@@ -14,15 +14,13 @@ The shapes follow the peers' source:
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
 from .._errors import IdmintError
-from ..ids import BATCH_CAP_MAX, ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE, Key, Range
-from ..strategies.refills import allocate_any
+from ..ids import BATCH_CAP_MAX, ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
 from . import http
 from .http import JSON, MAX_IDS, STATUS_OF, HttpError, Response, bearer_in, json_response
 from .openapi import E400_CAP, E401_IDS, E404, E410, E503, TEXT, json_ok, text_ok
@@ -461,16 +459,13 @@ class DropIn:
             row = await self.service.key_row(key)
             if row.stripes > 1:
                 raise HttpError(400, self._striped(key))
-            if step > row.batch_cap:
-                # CosId's client makes its segment (maxId - step, maxId] from the step it
-                # asked (IdSegmentDistributor.nextIdSegment, DefaultIdSegment): a shorter range
-                # would make it count down into ids handed out before. So the whole step, or
-                # the cap's 400.
-                if row.batch_cap < BATCH_CAP_MAX or row.bounded:
-                    check_cap(row, step, "step")
-                ids = await self._range_past_cap(row, step)
-            else:
-                ids = (await self.service.allocate(key, step, None))[0].range
+            # CosId's client makes its segment (maxId - step, maxId] from the step it asked
+            # (IdSegmentDistributor.nextIdSegment, DefaultIdSegment): a shorter range would
+            # make it count down into ids handed out before. So the whole step, or the cap's
+            # 400, unless the key opted in: no maximum, and the largest cap.
+            if row.batch_cap < BATCH_CAP_MAX or row.bounded:
+                check_cap(row, step, "step")
+            ids = (await self.service.allocate(key, step, None, capped=False))[0].range
             if len(ids) < step:  # a bounded key's last ids: never served, so no gap
                 raise HttpError(
                     410,
@@ -480,22 +475,6 @@ class DropIn:
             return ids.last, len(ids)
 
         return await self._cosid(COSID_SEGMENT, next_max_id())
-
-    async def _range_past_cap(self, row: Key, size: int) -> Range:
-        """`size` ids as one range, above the key's batch cap: IdService.allocate without its
-        cap check, for CosId's prefetch on a key without a maximum whose cap is the largest
-        (an admin's opt-in, as docs/server.md's migration note says). Its budget still
-        applies."""
-        service = self.service
-        service.charge(row, size)
-        ranges = service.minter().ranges
-        taken = await service.pool.run(
-            service.store_deadline, functools.partial(allocate_any, ranges, row.name, size)
-        )
-        service.keep_allocated_row(taken.key)
-        handed = self.counters.ranges_handed
-        handed[row.name] = handed.get(row.name, 0) + len(taken.range)
-        return taken.range
 
     async def cosid_distributor(self, call: Call) -> Response:
         """The key must exist (keys are idmint's admin's to make), with every id it hands out

@@ -237,14 +237,15 @@ class IdService:
         return await self.draw(await self.generator(key), count)
 
     async def allocate(
-        self, key: str, size: int | None, stripe: int | None
+        self, key: str, size: int | None, stripe: int | None, *, capped: bool = True
     ) -> tuple[Allocation, Key]:
         """A fresh range of the key (of `size` ids, or its step; from `stripe`, or any), and the
-        key's row as it stands after it."""
+        key's row as it stands after it. `capped=False`: `size` may pass the key's batch cap
+        (CosId's prefetch on a key that opted in: dropin.py); its budget still applies."""
         row = await self.key_row(key)
         if stripe is not None:
             check_stripe(stripe, row.stripes)
-        if size is not None:
+        if size is not None and capped:
             check_cap(row, size, "size")
         elif row.step > row.batch_cap:
             size = row.batch_cap  # a cap below the step bounds the default size too
