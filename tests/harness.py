@@ -31,7 +31,7 @@ from typing import Protocol
 from idmint import Range
 
 TAG = "idmint-test-partition"
-SOAK_SECONDS = float(os.environ.get("IDMINT_SOAK_SECONDS", "25" if os.environ.get("CI") else "60"))
+SOAK_SECONDS = float(os.environ.get("IDMINT_SOAK_SECONDS", "15" if os.environ.get("CI") else "60"))
 """How long a soak runs: short in CI, as long as you like behind the variable."""
 
 # -- network ---------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def test_static_and_leased_workers_share_a_store(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     url = fresh_store_url(kind, request, tmp_path)
-    ttl = 2.0
+    ttl = 1.0
     static = ["--worker-id", "0", "--state", str(tmp_path / "a.json")]
     holder = start(url, "mixed", ttl, hold=600, exact=True, extra=static)
     leased: list[subprocess.Popen[bytes]] = []
