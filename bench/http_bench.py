@@ -154,6 +154,11 @@ def client_rate(url: str, n: int, token: str | None) -> float:
 
 
 def main() -> None:
+    # report.py, from this folder: appended, so that the standard library's http stays first
+    # (bench/http.py, which runs this file, took the folder off the path for that).
+    sys.path.append(str(BENCH))
+    from report import apply_smoke, smoke_option
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--seconds", type=int, default=8, help="length of each wrk run")
@@ -165,7 +170,9 @@ def main() -> None:
         default="",
         help="serve with this client token: wrk sends it as each route's clients do",
     )
+    smoke_option(parser)
     args = parser.parse_args()
+    apply_smoke(args, seconds=1, rounds=1, client_ids=10_000, connections=8)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk")
 
@@ -246,7 +253,7 @@ def main() -> None:
                 "cosid": (url + "/ids/bench", bearer, served.pid),
                 "floor": (f"http://127.0.0.1:{floor_port}/", (), floor.pid),
             }
-            wrk(routes["single"][0], 2, args.connections, bearer)  # warm up: first ranges
+            wrk(routes["single"][0], min(2, args.seconds), args.connections, bearer)  # warm up
             best = {name: {"rps": 0.0, "p99_ms": 0.0} for name in routes}
             cpu_us = dict.fromkeys(routes, float("inf"))
             rates: dict[str, list[float]] = {name: [] for name in routes}

@@ -154,11 +154,15 @@ def main() -> None:
     parser.add_argument("--cold", type=int, default=1000, help="cold keys timed one by one")
     parser.add_argument("--refill-threads", type=int, default=4)
     parser.add_argument("--clients", type=int, default=8, help="connections touching keys")
-    args = parser.parse_args()
     # In this order: http_bench imports httpx, which imports `http`, which is bench/http.py
     # here, and that takes this folder off the import path.
-    from report import emit  # noqa: I001
+    from report import apply_smoke, emit, smoke_option  # noqa: I001
     from http_bench import free_port, running
+
+    smoke_option(parser)
+    args = parser.parse_args()
+    apply_smoke(args, keys=300, cold=20, clients=2)
+    settle = 0.2 if args.smoke else 1.0  # seconds for a server's threads to start, refills to end
 
     result: dict[str, Any] = {"bench": "keys", "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,7 +171,7 @@ def main() -> None:
         with running(
             serve_args(empty, port, args.refill_threads), f"http://127.0.0.1:{port}/livez"
         ) as proc:
-            time.sleep(1.0)
+            time.sleep(settle)
             rss_empty, threads_empty = proc_figures(worker_pid(proc.pid))
         url = make_store(Path(tmp) / "keys.db", args.keys)
         names = [f"k{i}" for i in range(args.keys)]
@@ -186,17 +190,18 @@ def main() -> None:
             client = Http(port)
             while b"ready" not in client.get("/readyz", check=False)[1]:
                 time.sleep(0.1)
-            time.sleep(6.0)  # the rows refresh (every 5 s) has read every key
+            if not args.smoke:
+                time.sleep(6.0)  # the rows refresh (every 5 s) has read every key
             rss_idle, _ = proc_figures(pid)
             warm = 1000  # --warm-keys' default: the first keys took a range at start
             cold = random.sample(names[warm:] or names, min(args.cold, len(names[warm:]) or 1))
             first = [client.get(f"/api/segment/get/{name}")[0] for name in cold]
             touch_all(port, names, args.clients)
-            time.sleep(2.0)  # refills started by the last ids finish
+            time.sleep(2 * settle)  # refills started by the last ids finish
             rss_used, threads = proc_figures(pid)
             metrics_ms, metrics_bytes, livez_metrics = scrape(port, "/metrics", 3)
             stats_ms, stats_bytes, livez_stats = scrape(port, "/v1/stats", 3)
-            _, _, livez_idle = scrape(port, None, 10)
+            _, _, livez_idle = scrape(port, None, 1 if args.smoke else 10)
     result.update(
         keys=args.keys,
         threads=threads,

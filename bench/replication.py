@@ -45,7 +45,7 @@ from typing import Any
 
 import idmint
 
-from report import progress
+from report import apply_smoke, progress, smoke_option
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 100  # allocations per block; the modes alternate block by block
@@ -175,7 +175,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--engines", default="redis,postgresql,postgresql-async,mysql")
     parser.add_argument("--allocations", type=int, default=2000, help="per engine and mode")
+    smoke_option(parser)
     args = parser.parse_args()
+    apply_smoke(args, engines="redis,postgresql-async", allocations=BLOCK)
     sys.path.insert(0, str(ROOT / "tests"))
     sys.path.insert(0, str(ROOT / "bench"))
     from report import emit

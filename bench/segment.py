@@ -36,6 +36,8 @@ from idmint import SegmentGenerator, SegmentOptions
 from idmint.ids import Allocation, Range
 from idmint.stores.base import RangeStore
 
+from report import apply_smoke, smoke_option
+
 
 class SlowStore:
     """Delegates to a real store, adding a fixed delay to every allocation."""
@@ -164,7 +166,9 @@ def main() -> None:
     parser.add_argument("--switches", type=int, default=24)
     parser.add_argument("--switch-step", type=int, default=200_000)
     parser.add_argument("--postgres", metavar="URL", help="also measure nextval() on this server")
+    smoke_option(parser)
     args = parser.parse_args()
+    apply_smoke(args, n=20_000, rounds=1, switches=2, switch_step=1000)
 
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"

@@ -142,11 +142,19 @@ def main() -> None:
     parser.add_argument("--stripes", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warm-up", type=float, default=5.0, help="seconds to start clients")
+    # Here: spawned clients re-import this module without bench/ on the path.
+    from report import apply_smoke, emit, smoke_option
+
+    smoke_option(parser)
     args = parser.parse_args()
-    from report import emit  # here: spawned clients re-import this module without bench/
+    apply_smoke(args, clients=2, seconds=0.3, warm_up=1.0)
 
     with contextlib.ExitStack() as stack:
         urls = list(args.store)
+        if args.smoke and not urls:  # SQLite, both paths
+            urls.append(
+                f"sqlite:///{Path(stack.enter_context(tempfile.TemporaryDirectory()))}/b.db"
+            )
         if args.test_servers:
             # Here, not at the top: the spawned clients re-import this module without it.
             from bench_servers import started_servers

@@ -1,0 +1,143 @@
+"""No benchmark rots (issue 31): every script in bench/ runs in its smoke mode (`--smoke`: each
+phase a fraction of a second, its own checks on), and its JSON is read and checked. A change
+that breaks a benchmark fails here, not months later when someone wants its figures.
+
+The scripts run at the same time, each a process of its own started when the first of these
+tests asks (their figures mean nothing in a smoke run, and most of their time is waiting for
+servers and processes to start, which overlaps)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+#: What is not a benchmark: shared code, and the file bench/http.py runs.
+NOT_BENCHMARKS = {"bench_servers.py", "report.py", "http_bench.py"}
+TIMEOUT = 150.0  # seconds for every script together (each takes 2 to 15 s when run alone)
+
+Check = Callable[[list[dict[str, Any]]], None]
+
+
+def _segment(out: list[dict[str, Any]]) -> None:
+    (result,) = out
+    assert result["ids_per_s"] > 0 and result["floor_ids_per_s"] > 0
+    assert result["density_after_close"] == 1.0  # every tail given back on close
+
+
+def _snowflake(out: list[dict[str, Any]]) -> None:
+    (result,) = out
+    assert result["ids_per_s"] > 0 and result["batch_ids_per_s"] > 0
+    assert result["acquire_ms_sqlite"] > 0
+
+
+def _stripes(out: list[dict[str, Any]]) -> None:
+    assert [r["engine"] for r in out] == ["sqlite", "sqlite (statement)"]
+    for result in out:
+        assert result["plain_ids_per_s"] > 0 and result["striped_ids_per_s"] > 0
+
+
+def _keys(out: list[dict[str, Any]]) -> None:
+    (result,) = out
+    assert result["keys"] == 300 and result["threads_ok"], result
+    assert result["first_id_ms_p99"] > 0 and result["metrics_bytes"] > 0
+
+
+def _http(out: list[dict[str, Any]]) -> None:
+    (result,) = out  # wrk's error responses make the script exit non-zero
+    for route in ("single", "floor", "tinyid", "tinyid_json", "cosid", "batch"):
+        assert result[f"{route}_rps"] > 0, route
+    assert result["client_ids_per_s"] > 0
+
+
+def _replication(out: list[dict[str, Any]]) -> None:
+    (result,) = out
+    assert set(result) == {"redis", "postgresql-async"}
+    for engine in result.values():
+        assert engine["allocations"] == 100 and engine["safe_per_s"] > 0
+    assert result["postgresql-async"]["flush_read_ms"] > 0
+
+
+#: Script -> (extra arguments, check of its JSON objects).
+SMOKES: dict[str, tuple[list[str], Check]] = {
+    "segment.py": ([], _segment),
+    "snowflake.py": ([], _snowflake),
+    "stripes.py": ([], _stripes),
+    "keys.py": ([], _keys),
+    "http.py": ([], _http),
+    "replication.py": ([], _replication),
+}
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    scripts = {path.name for path in BENCH.glob("*.py")} - NOT_BENCHMARKS
+    assert scripts == set(SMOKES)
+
+
+class Run:
+    """One script running, its output in files: a pipe nobody reads yet could fill and stall it."""
+
+    def __init__(self, script: str, args: list[str]) -> None:
+        self.script = script
+        # Closed in close(), which the fixture calls however the tests end.
+        self.out = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, str(BENCH / script), "--smoke", "--json", *args],
+            stdout=self.out,
+            stderr=self.err,
+            text=True,
+        )
+
+    def result(self, deadline: float) -> list[dict[str, Any]]:
+        """Its JSON objects, once it ended well; a test failure saying why otherwise."""
+        try:
+            self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"bench/{self.script} --smoke ran over {TIMEOUT:g} s: {self._tail()}")
+        if self.proc.returncode != 0:
+            code = self.proc.returncode
+            pytest.fail(f"bench/{self.script} --smoke exited {code}: {self._tail()}")
+        self.out.seek(0)
+        lines = [line for line in self.out.read().splitlines() if line.startswith("{")]
+        assert lines, f"bench/{self.script} --smoke printed no JSON"
+        return [json.loads(line) for line in lines]
+
+    def _tail(self) -> str:
+        self.err.seek(0)
+        return self.err.read()[-3000:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.out.close()
+        self.err.close()
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[tuple[dict[str, Run], float]]:
+    """Every script started at once, and the monotonic deadline for them all."""
+    deadline = time.monotonic() + TIMEOUT
+    started = {script: Run(script, args) for script, (args, _) in SMOKES.items()}
+    try:
+        yield started, deadline
+    finally:
+        for run in started.values():
+            run.close()
+
+
+@pytest.mark.parametrize("script", sorted(SMOKES))
+def test_a_benchmark_runs_and_its_checks_pass(
+    script: str, runs: tuple[dict[str, Run], float]
+) -> None:
+    started, deadline = runs
+    SMOKES[script][1](started[script].result(deadline))
