@@ -554,3 +554,22 @@ class _Proto:
 
     def response_str(self, status: int, headers: list[tuple[str, str]], body: str) -> None:
         self.answers.append((status, headers, body))
+
+
+def test_leafs_route_before_routing_pays_the_id_budget(tmp_path: Path) -> None:
+    """Leaf's one-id GET, answered from the buffer before routing (App.__rsgi__), took no id
+    from the key's HTTP budget (--id-budget-days) since the budget came: a bounded key's
+    Leaf clients were never paced. Now it is charged as every other route: a key of 100,000
+    ids (a budget of 0.04 ids/s, a burst of its batch cap, 1,000) answers 1,000 ids, then 429."""
+    import asyncio
+
+    app = App(ServerConfig(store=aged_sqlite_url(tmp_path / "budget.db")))
+    app.minter.add_key("b", step=10, max=100_000, max_batch=1000)
+    statuses = []
+    for _ in range(1002):
+        proto = _Proto()
+        asyncio.run(app.__rsgi__(_Scope("/api/segment/get/b", "", {}), proto))
+        [(status, _, _)] = proto.answers
+        statuses.append(status)
+    assert statuses == [200] * 1000 + [429, 429]
+    app.shutdown()

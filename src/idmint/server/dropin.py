@@ -318,13 +318,16 @@ class DropIn:
         if gen is None or row is None:
             return None
         try:
-            # Charged first: a 429 is the routed path's to answer, with nothing drawn. An empty
-            # buffer below then has the router charge the id again (the budget only, and rare).
+            # Charged first: a 429 is the routed path's to answer, with nothing drawn.
             service.charge(row, 1)
-            i = gen.try_next_id()
-        except (HttpError, IdmintError):
+        except HttpError:
             return None
+        try:
+            i = gen.try_next_id()
+        except IdmintError:
+            i = None
         if i is None:
+            service.refund(row, 1)  # the routed path charges it again
             return None
         self.counters.handed[route] += 1
         if route == TINYID_IDS:

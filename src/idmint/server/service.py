@@ -86,6 +86,13 @@ class IdBudget:
             raise OverBudget(key, bucket.rate, self.days, max(1.0, math.ceil(wait)))
         bucket.level -= ids
 
+    def refund(self, key: Key, ids: int) -> None:
+        """Give back ids charged for a request answered without them (the hot paths' empty
+        buffer: the routed path charges them again)."""
+        bucket = self._buckets.get(key.name)
+        if bucket is not None:
+            bucket.level = min(bucket.capacity, bucket.level + ids)
+
     def _make(self, key: Key) -> _Bucket | None:
         rate = self.rate(key)
         made = None
@@ -209,6 +216,10 @@ class IdService:
             self._budget.charge(row, ids)
         except OverBudget as exc:
             raise HttpError(429, str(exc), (("retry-after", f"{exc.retry_after:.0f}"),)) from None
+
+    def refund(self, row: Key, ids: int) -> None:
+        """Give back what `charge` took for ids that were not handed out."""
+        self._budget.refund(row, ids)
 
     async def generator(self, key: str) -> SegmentGenerator:
         """The key's generator; made only for keys that exist."""
