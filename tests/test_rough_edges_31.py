@@ -88,6 +88,14 @@ def test_a_retired_key_answers_that_it_is_retired(app: App, store: str) -> None:
         ), (path, answer.text)
         assert answer.headers["idmint-last-id"] == "100"
         assert "idmint-stripe" not in answer.headers  # the whole key, whichever stripe
+    # The peers' routes say it too, each in its own form (they said "every id ... is used").
+    said = "key 'old' is retired (idmint keys retire)"
+    simple = call(fresh, "GET", "/tinyid/id/nextIdSimple?bizType=old")
+    assert simple.status_code == 410 and simple.text.startswith(said), simple.text
+    tinyid = call(fresh, "GET", "/tinyid/id/nextId?bizType=old").json()
+    assert tinyid["code"] == 6 and tinyid["message"].startswith(said), tinyid  # SYS_ERR
+    cosid = call(fresh, "GET", "/ids/old")
+    assert cosid.status_code == 410 and cosid.json()["msg"].startswith(said), cosid.text
     # Past the id budget's first burst: a retired key's pace of 0 ids a second divided by
     # zero, a 500 with a traceback in the log.
     with idmint.connect(store) as minter:

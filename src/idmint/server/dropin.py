@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from .._errors import IdmintError
+from .._errors import Exhausted, IdmintError
 from ..ids import BATCH_CAP_MAX, ID_MAX, KEY_NAME_PATTERN, KEY_NAME_RULE
 from . import http
 from .http import JSON, MAX_IDS, STATUS_OF, HttpError, Response, bearer_in, json_response
@@ -338,6 +338,8 @@ class DropIn:
 
     def _failure(self, route: str, exc: Exception) -> tuple[int, str]:
         """The status idmint answers an error with, and its one-line reason (counted)."""
+        if isinstance(exc, Exhausted):
+            exc = self.service.retired_or(exc)  # a retired key said so, as on idmint's routes
         if isinstance(exc, HttpError):
             status = exc.status
         elif isinstance(exc, PoolTimeout):
@@ -381,8 +383,10 @@ class DropIn:
                 )
             data, text, handed = await take(call, call.arg("bizType"))
         except (HttpError, IdmintError, PoolTimeout) as exc:
-            if simple:
-                raise  # the router answers it: a status and a one-line reason
+            if simple:  # the router answers it: a status and a one-line reason
+                if isinstance(exc, Exhausted):
+                    raise self.service.retired_or(exc) from None
+                raise
             status, reason = self._failure(route, exc)
             if status == 401:
                 return json_response({"data": None, "code": TOKEN_ERR, "message": "token is error"})

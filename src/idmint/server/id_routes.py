@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs
 
-from .._errors import DatacenterRetired, Exhausted, IdmintError, KeyNotFound
+from .._errors import Exhausted, IdmintError, KeyNotFound
 from ..ids import MAX_STRIPES
 from ..layout import layout_named
 from ..strategies.quorum import QuorumGenerator
@@ -234,20 +234,6 @@ ROUTES = (
 )
 
 
-class KeyRetired(Exhausted):
-    """The 410 of a retired key (`idmint keys retire`), said as it is: the store refuses its
-    ranges as exhausted ("every id up to its maximum is used"), which a retired key's ids are
-    not. Still an Exhausted: the same status and `idmint-last-id` header."""
-
-    def __init__(self, key: str, last_id: int | None) -> None:
-        IdmintError.__init__(
-            self,
-            f"key {key!r} is retired (idmint keys retire): it hands out no id again, and its "
-            "unused ids are never reused",
-        )
-        self.key, self.last_id, self.stripe, self.stripes = key, last_id, None, None
-
-
 def check_query(call: Call) -> None:
     """Refuse query parameters the route does not declare, and any given twice, in one line.
     Call.arg reads the last value of its own names and nothing else, so `?cnt=5` (a typo)
@@ -295,7 +281,7 @@ class IdRoutes:
             if i is None:
                 i = (await service.draw(gen, 1))[0]
         except Exhausted as exc:
-            raise self._retired_or(exc) from None
+            raise self.service.retired_or(exc) from None
         self.counters.handed[LEAF_ROUTE] += 1
         return Response(200, str(i))
 
@@ -305,7 +291,7 @@ class IdRoutes:
         try:
             ids = await self.service.take_ids(key, call.arg("count"), "count")
         except Exhausted as exc:
-            raise self._retired_or(exc) from None
+            raise self.service.retired_or(exc) from None
         self.counters.handed[IDS_ROUTE] += len(ids)
         return json_response({"key": key, "ids": ids})
 
@@ -317,7 +303,7 @@ class IdRoutes:
         try:
             taken, row = await self.service.allocate(key, size, stripe)
         except Exhausted as exc:
-            raise self._retired_or(exc) from None
+            raise self.service.retired_or(exc) from None
         self.counters.handed[RANGES_ROUTE] += len(taken.range)
         return json_response(
             {
@@ -330,15 +316,6 @@ class IdRoutes:
                 "conflicts": taken.conflicts,
             }
         )
-
-    def _retired_or(self, exc: Exhausted) -> Exhausted:
-        """A KeyRetired for a key whose row (as last read: every few seconds) is retired; the
-        store's own Exhausted otherwise. A retired striped key is retired whole, whichever
-        stripe was asked for."""
-        row = self.service.rows.get(exc.key)
-        if row is not None and row.retired and not isinstance(exc, DatacenterRetired):
-            return KeyRetired(exc.key, exc.last_id)
-        return exc
 
     # -- snowflake ---------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Callable
 
-from .._errors import KeyNotFound
+from .._errors import DatacenterRetired, Exhausted, IdmintError, KeyNotFound
 from .._minter import Minter
 from ..aio import draw
 from ..ids import BATCH_CAP_MAX, BATCH_CAP_STEPS, Allocation, Key, check_stripe
@@ -48,6 +48,20 @@ class _Bucket:
     def __init__(self, rate: float, capacity: float) -> None:
         self.rate, self.capacity = rate, capacity
         self.level, self.stamp = capacity, time.monotonic()
+
+
+class KeyRetired(Exhausted):
+    """The 410 of a retired key (`idmint keys retire`), said as it is: the store refuses its
+    ranges as exhausted ("every id up to its maximum is used"), which a retired key's ids are
+    not. Still an Exhausted: the same status and `idmint-last-id` header."""
+
+    def __init__(self, key: str, last_id: int | None) -> None:
+        IdmintError.__init__(
+            self,
+            f"key {key!r} is retired (idmint keys retire): it hands out no id again, and its "
+            "unused ids are never reused",
+        )
+        self.key, self.last_id, self.stripe, self.stripes = key, last_id, None, None
 
 
 class IdBudget:
@@ -220,6 +234,15 @@ class IdService:
     def refund(self, row: Key, ids: int) -> None:
         """Give back what `charge` took for ids that were not handed out."""
         self._budget.refund(row, ids)
+
+    def retired_or(self, exc: Exhausted) -> Exhausted:
+        """A KeyRetired for a key whose row (as last read: every few seconds) is retired; the
+        store's own Exhausted otherwise. A retired striped key is retired whole, whichever
+        stripe was asked for. Every route that hands ids answers with it."""
+        row = self.rows.get(exc.key)
+        if row is not None and row.retired and not isinstance(exc, DatacenterRetired):
+            return KeyRetired(exc.key, exc.last_id)
+        return exc
 
     async def generator(self, key: str) -> SegmentGenerator:
         """The key's generator; made only for keys that exist."""
