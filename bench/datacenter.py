@@ -2,15 +2,18 @@
 
     python bench/datacenter.py --json                    # etcd and Cassandra, both
     python bench/datacenter.py --json --engine etcd --seconds 20 --partition 30
+    python bench/datacenter.py --json --smoke --engine etcd   # every phase 0.5 s (CI)
 
 Starts the fault tests' set-ups (tests/datacenters.py: a global etcd and one per datacenter;
 a three-node Cassandra with n1 + n2 in dc1 and n3 in dc2) and a 32-bit key at the default
-reservation sizing. --clients processes per datacenter take ids in batches of --batch: a
-warm-up, --seconds of steady state flat out, then, paced at --partition-rate ids a second per
-process, dc2 cut off from the global level for --partition seconds and a few seconds after the
-heal. (Flat out, a process here takes millions of ids a second: the default minimum reservation
-of 10 million would last seconds. Paced, the partition is shorter than the runway, as the
-design asks.) Needs root (iptables).
+reservation sizing. --clients processes per datacenter take ids in batches of --batch: once
+each has served its first id, --warm-up seconds, --seconds of steady state flat out, then,
+paced at --partition-rate ids a second per process, dc2 cut off from the global level for
+--partition seconds and --tail seconds after the heal. --smoke makes every phase 0.5 s (the
+checks stay on; the figures mean little): a run that shows the bench still works. (Flat out,
+a process here takes millions of ids a second: the default minimum reservation of 10 million
+would last seconds. Paced, the partition is shorter than the runway, as the design asks.)
+Needs root (iptables).
 
 Each process keeps the ids it got as runs of consecutive ids, so every id is checked: the
 runs of all processes must not overlap. One JSON object per engine:
@@ -24,13 +27,21 @@ runs of all processes must not overlap. One JSON object per engine:
   partition_seconds           how long dc2 was cut off
   partition_errors            calls that failed meanwhile, in either datacenter
   duplicates                  ids handed out twice (runs that overlap)
+  ids_checked                 ids handed out in the measured run, every one checked
+  global_cas, global_conflicts, grants
+                              the processes' counts: swaps tried on the global cell, those
+                              lost to another writer, and reservations applied
   runway_hours_at_rate        what dc2 had left at the end, over its paced rate
+  smoke, seconds_total        whether --smoke ran, and the run's seconds, set-up included
+  failed                      the checks that failed (exit status 1): duplicates, partition
+                              errors, a process that took no id in the steady phase
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import multiprocessing
 import sys
 import time
@@ -46,7 +57,7 @@ from idmint.stores.base import RangeStore
 from idmint.strategies.datacenter import DatacenterRanges
 
 LAST_ID = 2**31 - 1
-TAIL = 3.0  # seconds measured after the heal
+SMOKE = {"seconds": 0.5, "partition": 0.5, "tail": 0.5, "warm_up": 0.0}
 
 
 class Timed:
@@ -82,34 +93,43 @@ def client(
     dc: str | None,
     key: str,
     batch: int,
-    times: tuple[float, float, float, float],
+    seconds: float,
     paced: float,
+    clock: tuple[Any, Any, Any],
     out: Any,
 ) -> None:
-    """One process: ids in batches from `start` to `stop` (wall clock), counted in the steady
-    phase [start, cut) and failures in [cut, heal); its ids as runs of consecutive ids. From a
-    second before the cut, at most `paced` ids a second."""
-    start, cut, heal, stop = times
+    """One process: ids in batches from `start` until the parent says stop, counted in the
+    steady phase [start, start + seconds) and failures from the cut until a second after the
+    heal; its ids as runs of consecutive ids. From `lead` before the planned cut, at most
+    `paced` ids a second. The parent sets the times (wall clock) in `marks`: the start once
+    every process has served its first id (connected: the clock starts fairly), the cut and
+    the heal once they are in place (iptables may wait for its lock), the stop after them."""
+    ready, go, marks = clock  # marks: start, cut, heal, stop
     store = _store(global_url, dc_store, dc)
     timed = Timed(store)
     gen = SegmentGenerator(timed, key, SegmentOptions(max_step=10_000, wait=2.0))
     runs: list[list[int]] = []
     steady = errors = partition_errors = paced_ids = 0
-    due = cut - 1.0
     try:
-        gen.next_id()  # connected and served once: the clock starts fairly
+        runs.append([first := gen.next_id(), first + 1])
+        ready.put(dc)
+        go.wait(300)
+        start = marks[0]
+        cut = start + seconds
+        lead = min(1.0, seconds / 2)  # paced already when the cut comes
+        due = cut - lead
         time.sleep(max(0.0, start - time.time()))
-        while (now := time.time()) < stop:
+        while (now := time.time()) < marks[3]:
             try:
                 got = gen.next_ids(batch)
             except IdmintError:
                 errors += 1
-                partition_errors += cut <= now < heal + 1.0
+                partition_errors += marks[1] <= now < marks[2] + 1.0
                 time.sleep(0.01)
                 continue
             if now < cut:
                 steady += len(got)
-            if now >= cut - 1.0 and paced:
+            if now >= cut - lead and paced:
                 paced_ids += len(got)
                 due += len(got) / paced
                 time.sleep(max(0.0, due - time.time()))
@@ -130,7 +150,7 @@ def client(
                 "alloc_ms": timed.ms,
                 "counts": counts,
                 "left": seen[0].left if seen else None,
-                "paced_rate": paced_ids / max(1e-9, stop - (cut - 1.0)),
+                "paced_rate": paced_ids / max(1e-9, marks[3] - (cut - lead)),
             }
         )
     finally:
@@ -146,11 +166,9 @@ def _run_clients(
     from datacenters import DCS
 
     spawn = multiprocessing.get_context("spawn")
-    out = spawn.Queue()
-    start = time.time() + args.warm_up
-    cut = start + args.seconds
-    heal = cut + (0.0 if baseline else args.partition)
-    stop = heal + (0.0 if baseline else TAIL)
+    out, ready, go = spawn.Queue(), spawn.Queue(), spawn.Event()
+    # start, cut, heal, stop (see client); no lock: read every batch, a double is written whole
+    marks = spawn.Array("d", [math.inf] * 4, lock=False)
     procs = [
         spawn.Process(
             target=client,
@@ -160,8 +178,9 @@ def _run_clients(
                 None if baseline else dc,
                 key,
                 args.batch,
-                (start, cut, heal, stop),
+                args.seconds,
                 args.partition_rate,
+                (ready, go, marks),
                 out,
             ),
         )
@@ -170,14 +189,22 @@ def _run_clients(
     ]
     for proc in procs:
         proc.start()
+    for _ in procs:  # each connected and served its first id (its first grant)
+        ready.get(timeout=120)
+    marks[0] = start = time.time() + args.warm_up
+    go.set()
+    time.sleep(max(0.0, start + args.seconds - time.time()))
     cut_for = 0.0
     if not baseline:
-        time.sleep(max(0.0, cut - time.time()))
+        marks[1] = time.time()  # errors count from here: the rules go in one by one
         with dcs.cut_off_dc2():
-            began = time.monotonic()
-            time.sleep(max(0.0, heal - time.time()))
-            cut_for = time.monotonic() - began
-    reports = [out.get(timeout=stop - time.time() + 120) for _ in procs]
+            began = time.time()
+            time.sleep(args.partition)
+        marks[2] = time.time()
+        cut_for = marks[2] - began
+        time.sleep(args.tail)
+    marks[3] = time.time()
+    reports = [out.get(timeout=120) for _ in procs]
     for proc in procs:
         proc.join(30)
     return reports, cut_for
@@ -204,6 +231,7 @@ def _p99(values: list[float]) -> float | None:
 def run(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     from datacenters import TOPOLOGIES, running
 
+    began = time.monotonic()
     with running(TOPOLOGIES[kind]) as dcs:
         key = f"bench{uuid.uuid4().hex[:8]}"
         admin = DatacenterRanges(open_engine(dcs.global_url("dc1"), timeout=10).cas())
@@ -220,7 +248,19 @@ def run(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     ids_per_s = sum(r["steady"] for r in reports) / args.seconds
     baseline = sum(r["steady"] for r in base) / args.seconds
     handed = sum(b - a for r in reports for a, b in r["runs"])
-    global_cas = sum(r["counts"]["global_cas"] for r in reports)
+    counts = {n: sum(r["counts"][n] for r in reports) for n in ("global_cas", "global_conflicts")}
+    global_cas = counts["global_cas"]
+    duplicates = _overlapping_ids([tuple(run) for r in reports for run in r["runs"]])
+    partition_errors = sum(r["partition_errors"] for r in reports)
+    failed = [
+        what
+        for what, bad in (
+            ("duplicates", duplicates),
+            ("partition_errors", partition_errors),
+            ("a process took no id in the steady phase", not all(r["steady"] for r in reports)),
+        )
+        if bad
+    ]
     dc2 = [r for r in reports if r["dc"] == "dc2"]
     dc2_rate = sum(r["paced_rate"] for r in dc2)
     left = min((r["left"] for r in dc2 if r["left"] is not None), default=None)
@@ -238,13 +278,18 @@ def run(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "local_alloc_p99_ms": round(_p99([ms for r in reports for ms in r["alloc_ms"]]) or 0, 2),
         "global_cas_per_million_ids": round(global_cas / handed * 1e6, 3) if handed else None,
         "partition_seconds": round(cut_for, 1),
-        "partition_errors": sum(r["partition_errors"] for r in reports),
+        "partition_errors": partition_errors,
         "errors": sum(r["errors"] for r in reports),
-        "duplicates": _overlapping_ids([tuple(run) for r in reports for run in r["runs"]]),
+        "duplicates": duplicates,
         "ids_checked": handed,
+        **counts,
+        "grants": sum(r["counts"]["grants"] for r in reports),
         "runway_hours_at_rate": (
             round(left / dc2_rate / 3600, 3) if left is not None and dc2_rate else None
         ),
+        "smoke": args.smoke,
+        "seconds_total": round(time.monotonic() - began, 1),
+        "failed": failed,
     }
 
 
@@ -262,15 +307,27 @@ def main() -> None:
         default=100_000,
         help="ids a second per process around the cut (0: flat out)",
     )
-    parser.add_argument("--warm-up", type=float, default=5.0, help="seconds to start processes")
+    parser.add_argument(
+        "--warm-up", type=float, default=1.0, help="seconds after every process served an id"
+    )
+    parser.add_argument("--tail", type=float, default=3.0, help="seconds measured after the heal")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every phase 0.5 s, checks on: does the bench work?"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        for name, seconds in SMOKE.items():
+            setattr(args, name, seconds)
     from report import emit  # here: spawned clients re-import this module without bench/
 
     # The test suite's set-ups; here, not at the top: spawned clients re-import this module.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    failed = False
     for kind in args.engine or ["etcd", "cassandra"]:
         result = run(kind, args)
         emit(result, args.json)
+        failed = failed or bool(result["failed"])
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,17 @@ datacenter ever writes them.
 
 Processes take ranges from their datacenter's cell (a SegmentGenerator over this store, with
 its own background preload), so a process talks only to its local store. Both levels preload:
-once `preload_at` (50%) of a datacenter's reservation is handed out, the next process to take a
-range starts a background grant. A reservation is sized by time: enough for `runway` seconds at
+once `preload_at` (50%) of a datacenter's reservation is handed out, the process whose range
+crossed that mark starts a background grant (and, should that one never come, the process that
+crosses halfway from there to the end): one process per reservation, as two would race each
+other on the global cell. A reservation is sized by time: enough for `runway` seconds at
 the rate the datacenter handed out ids over the last window (two windows at most), between the
 key's minimum and maximum reservation, never past the key's maximum.
 
 A datacenter name means one local store: the global cell binds the name to its store's identity
-before the datacenter's cell is first made (and checks it with every grant), so a second store
-under that name (a typo in --dc-store, a region that copied IDMINT_DC) is refused before it
-serves anything; `reset` moves a datacenter to another store on purpose.
+with the datacenter's first grant (and checks it with every grant), so a second store under
+that name (a typo in --dc-store, a region that copied IDMINT_DC) is refused before it serves
+anything; `reset` moves a datacenter to another store on purpose.
 
 When the global store is out of reach, a datacenter serves from its reservation and preloaded
 range, retrying the grant in the background; when both are spent, allocations raise
@@ -113,11 +115,11 @@ class DatacenterRanges(DatacenterCellStore):
             if got is not None:
                 taken, row = got
                 self._seen[name] = row
-                if row.preloaded is None and row.used >= row.preload_at:
+                if row.preload_due(taken.start):
                     self._preload_in_background(name)
                 return Allocation(taken, row.key(name), epoch=row.serving)
             try:
-                self.reserve(name)
+                self.reserve(name, dry=True)
             except LostReservations:
                 raise
             except StoreUnavailable as exc:

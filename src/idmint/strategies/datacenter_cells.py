@@ -267,11 +267,19 @@ class LocalRow:
         preloaded = self.preloaded[1] - self.preloaded[0] if self.preloaded else 0
         return self.stop - self.next + preloaded
 
-    @property
-    def used(self) -> float:
-        """How much of the current reservation is handed out (1.0 when there is none)."""
+    def preload_due(self, taken_from: int) -> bool:
+        """Whether the take that moved `next` from `taken_from` to where it is starts the
+        preload: the one that crossed `preload_at` of the reservation, or (should that
+        process's preload never come: it stopped, or cannot reach the global level) the one
+        that crossed halfway from there to the end. Takes are compare-and-sets on this cell,
+        so one process crosses each mark: the datacenter's other processes would only race it
+        on the global cell, each lost swap a round there too."""
         size = self.stop - self.start
-        return (self.next - self.start) / size if size else 1.0
+        if self.preloaded is not None or size <= 0:
+            return False
+        before, after = taken_from - self.start, self.next - self.start
+        marks = (self.preload_at, (1 + self.preload_at) / 2)
+        return any(before < mark * size <= after for mark in marks)
 
     @classmethod
     def new(cls, dc: str, top: GlobalRow, applied: int, now_ms: int) -> LocalRow:

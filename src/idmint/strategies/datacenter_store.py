@@ -231,19 +231,6 @@ class DatacenterCellStore(ForkAware):
             )
         return True
 
-    def _bind(self, name: str) -> GlobalRow:
-        """Bind this datacenter's name to its store in the global cell, unless it is bound to
-        it already (InvalidArgument if bound to another). Returns the global cell."""
-
-        def attempt() -> tuple[int | None, str | None, GlobalRow]:
-            top, version = self._read_global(name)
-            if self._check_bound(name, top):
-                return version, None, top
-            top = replace(top, stores={**top.stores, self.dc: self._local_store()})
-            return version, top.encode(), top
-
-        return self._update(name, f"bind {self.dc} of {name}", attempt, on_global=True)
-
     def _local_row(self, name: str) -> tuple[LocalRow, int]:
         """The datacenter's cell of `name` and its version, made on first use (before the
         datacenter's first grant: a grant is only ever made for a cell that exists).
@@ -251,7 +238,13 @@ class DatacenterCellStore(ForkAware):
         So a cell missing after the global cell showed its datacenter a grant (not given
         back) was lost: starting afresh could repeat the ids it handed out. The cell is read
         again after the global one: another process may have made it and taken the grant
-        between the first read and the global one."""
+        between the first read and the global one.
+
+        The cell is made before the global cell binds the datacenter to this store: the first
+        grant binds it, in the same compare-and-set (_grant), so first use costs no global
+        write of its own. A cell holds nothing to serve until a grant is applied to it, and
+        every grant checks the binding: a cell made in a second store under this name (both
+        made before either was bound) serves no id."""
         for _ in range(RESERVE_ROUNDS):
             got = self._read_local(name)
             if got is not None:
@@ -271,7 +264,6 @@ class DatacenterCellStore(ForkAware):
                     "it handed out may repeat. Once no process serves the old reservations, "
                     f"abandon them with `idmint dc reset {name} --dc {self.dc}`"
                 )
-            top = self._bind(name)  # before the cell exists: nothing served from another store
             row = LocalRow.new(self.dc, top, done, self._clock_ms())
             self.local_cas.create(local_cell(name, self.dc), row.encode())
         raise StoreUnavailable(  # made (by us or another) and still not there to read
@@ -281,17 +273,20 @@ class DatacenterCellStore(ForkAware):
 
     # -- reservations ------------------------------------------------------------------------
 
-    def reserve(self, name: str) -> bool:
-        """Give this datacenter its next reservation unless it has one preloaded: a grant from
-        the global cell, then applied to the datacenter's cell. False if one was preloaded
-        already. Raises Exhausted when the key has no ids left to reserve, StoreUnavailable
-        when a store does not answer."""
+    def reserve(self, name: str, *, dry: bool = False) -> bool:
+        """Give this datacenter its next reservation unless it has one preloaded (with `dry`,
+        unless it has anything to serve): a grant from the global cell, then applied to the
+        datacenter's cell. False if none was needed. Raises Exhausted when the key has no ids
+        left to reserve, StoreUnavailable when a store does not answer."""
         self._check_fork()
         for _ in range(RESERVE_ROUNDS):
             row, _ = self._local_row(name)
             if row.retired:
                 raise DatacenterRetired(name, self.dc)
-            if row.preloaded is not None:
+            # `dry`: a process that found the cell spent. Another process of the datacenter
+            # may have applied a grant since: it serves that, and the next grant is the
+            # preload's, at preload_at (granted here, it would be a second global write).
+            if row.preloaded is not None or (dry and row.next < row.stop):
                 return False
             got = self._grant(name, row)
             if got is not None and self._apply(name, *got):
@@ -335,7 +330,7 @@ class DatacenterCellStore(ForkAware):
                 raise Exhausted(name, top.last_id)
             new = Grant(want, start, stop, now, rate)
             top = replace(top, next=next_, free=free, grants={**top.grants, self.dc: new})
-            if not bound:  # a cell made before bindings existed: bound by its next grant
+            if not bound:  # the datacenter's first grant (or its cell predates bindings)
                 top = replace(top, stores={**top.stores, self.dc: self._local_store()})
             return version, top.encode(), (new, top)
 
