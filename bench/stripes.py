@@ -42,19 +42,17 @@ def _ranges(url: str, path: str) -> tuple[Any, RangeStore]:
     return engine, (engine.ranges() if path == "statement" else CasRangeStore(engine.cas()))
 
 
-def client(
-    url: str, path: str, key: str, batch: int, start_at: float, seconds: float, out: Any
-) -> None:
-    """One client: ids drawn during [start_at, start_at + seconds), and its conflicts."""
+def client(url: str, path: str, key: str, batch: int, ready: Any, seconds: float, out: Any) -> None:
+    """One client: ids drawn for `seconds` once every client is ready, and its conflicts."""
     engine, store = _ranges(url, path)
     options = SegmentOptions(max_step=batch, wait=30.0)
     gen = SegmentGenerator(store, key, options)
     try:
         gen.next_id()  # connected, the key's stripes known: the clock starts fairly
         conflicts_before = gen.stats().conflicts
-        time.sleep(max(0.0, start_at - time.time()))
+        ready.wait()  # all start together, however long each took to start
         ids = 0
-        stop_at = start_at + seconds
+        stop_at = time.time() + seconds
         while time.time() < stop_at:
             ids += len(gen.next_ids(batch))
         out.put((ids, gen.stats().conflicts - conflicts_before))
@@ -73,9 +71,9 @@ def measure(url: str, path: str, stripes: int, args: argparse.Namespace) -> tupl
         engine.close()
     spawn = multiprocessing.get_context("spawn")
     out = spawn.Queue()
-    start_at = time.time() + args.warm_up
+    ready = spawn.Barrier(args.clients, timeout=args.warm_up)
     procs = [
-        spawn.Process(target=client, args=(url, path, key, args.batch, start_at, args.seconds, out))
+        spawn.Process(target=client, args=(url, path, key, args.batch, ready, args.seconds, out))
         for _ in range(args.clients)
     ]
     for proc in procs:
@@ -141,13 +139,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--stripes", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--warm-up", type=float, default=5.0, help="seconds to start clients")
+    parser.add_argument(
+        "--warm-up", type=float, default=60.0, help="seconds the clients may take to start"
+    )
     # Here: spawned clients re-import this module without bench/ on the path.
     from report import apply_smoke, emit, smoke_option
 
     smoke_option(parser)
     args = parser.parse_args()
-    apply_smoke(args, clients=2, seconds=0.3, warm_up=1.0)
+    apply_smoke(args, clients=2, seconds=0.3)
 
     with contextlib.ExitStack() as stack:
         urls = list(args.store)

@@ -66,6 +66,13 @@ def _replication(out: list[dict[str, Any]]) -> None:
     assert result["postgresql-async"]["flush_read_ms"] > 0
 
 
+def _datacenter(out: list[dict[str, Any]]) -> None:
+    (result,) = out  # etcd: Cassandra's three nodes take 30 s to start
+    assert result["smoke"] and result["engine"] == "etcd"
+    assert result["failed"] == [] and result["duplicates"] == 0, result
+    assert result["ids_checked"] > 0 and result["grants"] >= 2  # one per datacenter
+
+
 #: Script -> (extra arguments, check of its JSON objects).
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "segment.py": ([], _segment),
@@ -74,6 +81,7 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "keys.py": ([], _keys),
     "http.py": ([], _http),
     "replication.py": ([], _replication),
+    "datacenter.py": (["--engine", "etcd"], _datacenter),
 }
 
 
