@@ -24,7 +24,9 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -134,6 +136,43 @@ def synchronous(primary: PostgresServer) -> None:
     standby in synchronous_standby_names only then, too)."""
     configure(primary, synchronous_standby_names=STANDBY)
     wait_until(lambda: streams(primary, "sync"), 10, "the standby to be synchronous")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """When (monotonic s) a switch's steps were done."""
+
+    began: float  # the primary killed -9, or told to stop
+    promoted: float  # the new primary takes writes (alone)
+    rewound: float  # the old primary rewound: it starts as the new one's standby
+    attached: float  # ... it streams, and is the new primary's synchronous standby
+
+
+def switch(
+    old: PostgresServer,
+    new: PostgresServer,
+    *,
+    crash: bool,
+    before_promote: Callable[[], None] | None = None,
+) -> Switch:
+    """A failover (`crash`: the primary killed -9) or a switchover (stopped cleanly) from
+    `old` to its standby `new`, and `old` back as `new`'s synchronous standby (if `new` has
+    one named: `synchronous`). `before_promote` runs once `old` is down."""
+    began = time.monotonic()
+    if crash:
+        old.kill()
+    else:
+        old.stop()
+    if before_promote is not None:
+        before_promote()
+    promote(new)
+    promoted = time.monotonic()
+    rewind(old, new)
+    rewound = time.monotonic()
+    old.start()
+    wait_until(lambda: streams(new), 30, "the rewound server to stream")
+    synchronous(new)
+    return Switch(began, promoted, rewound, time.monotonic())
 
 
 # -- Patroni -----------------------------------------------------------------------------------

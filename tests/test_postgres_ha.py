@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass
 
 import idmint
 from idmint import Range, StoreUnavailable
@@ -27,10 +26,7 @@ from postgres_ha import (
     PatroniNode,
     ha_pair,
     patroni_cluster,
-    promote,
-    rewind,
-    streams,
-    synchronous,
+    switch,
 )
 from servers import LOOPBACK, PostgresServer, wait_until
 
@@ -112,34 +108,6 @@ class Load:
         )
 
 
-@dataclass(frozen=True)
-class Switch:
-    """When (monotonic s) a switch's steps were done."""
-
-    began: float  # the primary killed -9, or told to stop
-    promoted: float  # the new primary takes writes (alone)
-    rewound: float  # the old primary rewound: it starts as the new one's standby
-    attached: float  # ... it streams, and is the new primary's synchronous standby
-
-
-def _switch(old: PostgresServer, new: PostgresServer, *, crash: bool) -> Switch:
-    """A failover (`crash`: the primary killed -9) or a switchover (stopped cleanly) from
-    `old` to its standby `new`, and `old` back as `new`'s synchronous standby."""
-    began = time.monotonic()
-    if crash:
-        old.kill()
-    else:
-        old.stop()
-    promote(new)
-    promoted = time.monotonic()
-    rewind(old, new)
-    rewound = time.monotonic()
-    old.start()
-    wait_until(lambda: streams(new), 30, "the rewound server to stream")
-    synchronous(new)
-    return Switch(began, promoted, rewound, time.monotonic())
-
-
 def _assert_no_repeats_and_fenced(
     load: Load, fenced_before: int, lineages: list[tuple[str, str]]
 ) -> None:
@@ -158,13 +126,13 @@ def test_a_failover_and_a_switchover_back_repeat_no_id() -> None:
     printed (-s)."""
     fenced_before = len(failovers())
     with ha_pair() as (a, b), Load(_url(a, b)) as load:
-        failover = _switch(a, b, crash=True)
+        failover = switch(a, b, crash=True)
         load.wait_for_ids_after(failover.attached)
-        switchover = _switch(b, a, crash=False)
+        switchover = switch(b, a, crash=False)
         load.wait_for_ids_after(switchover.attached)
         ended = time.monotonic()
-    for switch in (failover, switchover):
-        assert load.first_after(switch.promoted) >= switch.rewound, switch
+    for done in (failover, switchover):
+        assert load.first_after(done.promoted) >= done.rewound, done
     outages = (load.outage(failover.began, switchover.began), load.outage(switchover.began, ended))
     print(
         f"\nfailover (kill -9): promoted after {failover.promoted - failover.began:.2f} s, "
@@ -193,7 +161,7 @@ def test_the_negative_control_repeats_ids_and_the_checker_sees_them() -> None:
     ):
         partition.cut_address(link, a.port)
         time.sleep(1.0)
-        _switch(a, b, crash=True)
+        switch(a, b, crash=True)
         wait_until(lambda: duplicates(load.ids()), 30, "ids handed out again")
     assert duplicates(load.ids())
     assert [f.lineage for f in failovers()[fenced_before:]] == ["timeline 2"]
