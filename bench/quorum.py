@@ -2,6 +2,7 @@
 
     python bench/quorum.py --json
     python bench/quorum.py --json --seconds 20 --batch 1000
+    python bench/quorum.py --json --smoke      # every phase 0.3 s, checks on (CI)
 
 Starts five Redis servers from /usr/bin/redis-server with `appendonly yes` and `appendfsync
 always` (tests/server_redis.py), each on a loopback address of its own, and measures, each for
@@ -12,15 +13,20 @@ always` (tests/server_redis.py), each on a loopback address of its own, and meas
   pottery8_ids_per_s      the same from 8 threads sharing one NextID (and its errors)
   single_ids_per_s        ours, one client, one id per round
   ratio_vs_pottery        single_ids_per_s / pottery_ids_per_s
-  clients8_ids_per_s      ours, 8 client processes, each its own generator: direct, no server
+  clients8_ids_per_s      ours, --clients (8) client processes, each its own generator: direct,
+                          no server (clients: how many)
   clients8_vs_single      clients8_ids_per_s / single_ids_per_s (contention's cost: >= 1.0)
   group_ids_per_s         8 caller processes through `idmint serve --quorum` (group commit),
                           each request --batch ids (a range) of quorum key "group",
                           which the bench makes in the server's store first
   violations              repeated ids and real-time order violations the harness's checks
                           found in every phase of ours (each call recorded: start, end, ids)
+  smoke, seconds_total    whether --smoke ran, and the run's seconds, set-up included
+  failed                  the checks that failed (empty: all passed; else the exit code is 1):
+                          violations, errors in a phase of ours, a phase of ours with no ids
 
-A phase whose processes die or hang stops the bench at once, with their error.
+A phase whose processes die or hang stops the bench at once, with their error. --smoke makes
+every phase 0.3 s, with 2 clients and 2 callers: its figures mean nothing, its checks hold.
 
 Needs the dev extra (pottery) and redis-server.
 """
@@ -216,12 +222,24 @@ def group_commit(urls: list[str], args: argparse.Namespace, result: dict[str, An
     return group
 
 
+def checks(result: dict[str, Any]) -> list[str]:
+    """The checks that failed: what must hold however short or busy the run."""
+    failed = [] if result["violations"] == 0 else ["violations"]
+    for phase in ("single", "clients8", "group"):
+        if result[f"{phase}_errors"]:
+            failed.append(f"{phase}_errors")
+        if not result[f"{phase}_ids_per_s"]:
+            failed.append(f"{phase}_ids_per_s")
+    return failed
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import redis
     from pottery import NextID
 
     from idmint import open_quorum
 
+    began = time.monotonic()
     seconds = args.seconds
     result: dict[str, Any] = {"nodes": args.nodes, "seconds": seconds}
     with redis_nodes(args.nodes) as servers:
@@ -261,7 +279,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["single_errors"] = errors
         result["ratio_vs_pottery"] = round(len(single) / max(1, len(got)), 2)
 
-        eight = _processes(_generator_client, (urls, seconds), 8)
+        eight = _processes(_generator_client, (urls, seconds), args.clients)
+        result["clients"] = args.clients
         calls8 = [c for calls, _ in eight for c in calls]
         result["clients8_ids_per_s"] = round(len(calls8) / seconds)
         result["clients8_errors"] = sum(e for _, e in eight)
@@ -271,6 +290,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["violations"] = violations(single) + violations(calls8) + violations(group)
         for c in clients:
             c.close()
+    result["smoke"] = args.smoke
+    result["seconds_total"] = round(time.monotonic() - began, 1)
+    result["failed"] = checks(result)
     return result
 
 
@@ -281,11 +303,17 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--batch", type=int, default=100, help="ids per group-commit request")
     parser.add_argument("--callers", type=int, default=8)
-    args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "tests"))
-    from report import emit
+    parser.add_argument("--clients", type=int, default=8, help="direct client processes")
+    from report import apply_smoke, emit, smoke_option  # here: spawned callers re-import this
 
-    emit(measure(args), args.json)
+    smoke_option(parser)
+    args = parser.parse_args()
+    # Fewer processes too: starting them (spawn, imports) is most of a short run's time.
+    apply_smoke(args, seconds=0.3, clients=2, callers=2)
+    sys.path.insert(0, str(ROOT / "tests"))
+    result = measure(args)
+    emit(result, args.json)
+    sys.exit(1 if result["failed"] else 0)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,25 @@ def _datacenter(out: list[dict[str, Any]]) -> None:
     assert result["ids_checked"] > 0 and result["grants"] >= 2  # one per datacenter
 
 
+def _quorum(out: list[dict[str, Any]]) -> None:
+    (result,) = out
+    assert result["smoke"] and result["failed"] == [] and result["violations"] == 0, result
+    for phase in ("single", "clients8", "group"):
+        assert result[f"{phase}_ids_per_s"] > 0 and result[f"{phase}_errors"] == 0, phase
+
+
+def _quorum_keys(out: list[dict[str, Any]]) -> None:
+    (result,) = out
+    assert result["smoke"] and result["failed"] == [], result
+    assert result["keys"] == 30 and result["ids"] == 31 and result["repeated"] == 0
+
+
+def _torture(out: list[dict[str, Any]]) -> None:
+    (result,) = out  # a few seconds of faults on SQLite
+    assert result["setup"] == "sqlite" and result["verdict"] == "ok", result["problems"]
+    assert result["ids"] > 0 and result["repeated"] == 0 and sum(result["faults"].values())
+
+
 #: Script -> (extra arguments, check of its JSON objects).
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "segment.py": ([], _segment),
@@ -82,6 +101,9 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "http.py": ([], _http),
     "replication.py": ([], _replication),
     "datacenter.py": (["--engine", "etcd"], _datacenter),
+    "quorum.py": ([], _quorum),
+    "quorum_keys.py": ([], _quorum_keys),
+    "torture.py": ([], _torture),
 }
 
 
@@ -121,7 +143,8 @@ class Run:
 
     def _tail(self) -> str:
         self.err.seek(0)
-        return self.err.read()[-3000:]
+        self.out.seek(0)
+        return self.err.read()[-2000:] + "\n" + self.out.read()[-2000:]
 
     def close(self) -> None:
         if self.proc.poll() is None:
