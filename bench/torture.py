@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from torture_kit.picture import render_html  # noqa: E402
 from torture_kit.run import torture  # noqa: E402
-from torture_kit.setups import SETUPS  # noqa: E402
+from torture_kit.setups import SETUPS, UNSAFE  # noqa: E402
 
 # isort: on
 
@@ -59,7 +59,9 @@ def main() -> None:
     args = parser.parse_args()
     apply_smoke(args, seconds=5.0, setup=args.setup or "sqlite")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    setup = args.setup or random.Random(seed).choice(sorted(SETUPS))
+    setup = args.setup or random.Random(seed).choice(sorted(UNSAFE if args.unsafe else SETUPS))
+    if args.unsafe and setup not in UNSAFE:
+        parser.error(f"set-up {setup} has no negative control; those with one: {', '.join(UNSAFE)}")
     print(f"torture: setup {setup}, seed {seed}, {args.seconds:g} s", file=sys.stderr, flush=True)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)

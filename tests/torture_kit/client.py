@@ -3,10 +3,11 @@ records every call.
 
     python tests/torture/client.py SPEC_JSON
 
-SPEC (a JSON object): `via` lib | http | client | cli; `kind` segment | snowflake |
-datacenter | quorum; `url` the store; `key`; `batch`; for http, client: `server` (an
-`idmint serve` base URL); datacenter: `dc`, `dc_store`; quorum: `nodes`; snowflake: `worker_id`
-(a static id; default leased), `state` (its state file).
+SPEC (a JSON object): `via` lib | http | client | cli; `kind` segment | take (a range
+straight from the store each call) | snowflake | datacenter | quorum; `url` the store; `key`;
+`batch`; for http, client: `server` (an `idmint serve` base URL); datacenter: `dc`,
+`dc_store`; quorum: `nodes`, `unsafe`; snowflake: `worker_id` (a static id; default leased),
+`state` (its state file).
 
 Each call is one line, flushed at once, so that a kill -9 loses at most the line being
 written (and never records an id that was not handed out):
@@ -23,13 +24,24 @@ out ids and then failed is not possible: each way hands out all of a call's ids 
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, SupportsIndex
+
+if "FAKETIME_TIMESTAMP_FILE" in os.environ:
+    # libfaketime makes time.sleep fail with EINVAL once the wall clock is stepped back
+    # (Python's absolute clock_nanosleep), which killed kazoo's connection thread (its retry
+    # sleeps so) and left the ZooKeeper session dead for good: a harness artefact, not a
+    # clock a real host has. Before anything imports time.sleep by name.
+    def _sleep(seconds: float | SupportsIndex) -> None:
+        select.select([], [], [], max(float(seconds), 0.0))
+
+    time.sleep = _sleep
 
 import httpx
 
@@ -66,6 +78,8 @@ def _taker(spec: dict[str, Any]) -> tuple[Callable[[], list[tuple[int, int, int]
         if kind == "segment":
             gen = minter.segment(key)
             return lambda: runs(gen.next_ids(batch)), minter
+        if kind == "take":  # straight from the store: every call is a store write
+            return lambda: [_range(minter.take(key, batch))], minter
         if kind == "datacenter":
             dc_gen = minter.datacenter(key, spec["dc"], dc_store=spec.get("dc_store"))
             return lambda: runs(dc_gen.next_ids(batch)), minter

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusters import EtcdCluster, ZooKeeperEnsemble, loopback_addresses
+
 import idmint
 
 from harness import Partition
@@ -99,6 +101,7 @@ def _segment_clients(snowflake: bool = True) -> list[tuple[str, dict[str, Any]]]
         ("lib-seg-1", {"via": "lib", "kind": "segment", "key": "seg", "batch": 7}),
         ("lib-b32-0", {"via": "lib", "kind": "segment", "key": "b32", "batch": 20}),
         ("lib-str-0", {"via": "lib", "kind": "segment", "key": "str", "batch": 20}),
+        ("lib-take-0", {"via": "lib", "kind": "take", "key": "seg", "batch": 5}),
         ("http-seg-0", {"via": "http", "kind": "segment", "key": "seg", "batch": 10}),
         ("client-b32-0", {"via": "client", "kind": "segment", "key": "b32", "batch": 10}),
         ("cli-seg-0", {"via": "cli", "kind": "segment", "key": "seg", "batch": 5, "pause": 0.5}),
@@ -166,7 +169,11 @@ def redis_replica(workdir: Path, unsafe: bool) -> Iterator[Setup]:
         Sentinels(3) as sentinels,
         Partition() as partition,
     ):
-        sentinels.monitor("torture", primary, down_after_ms=1000, failover_timeout_ms=3000)
+        # Sentinel repoints a replica that follows its primary at another address than the
+        # one it knows (the link, which the control cuts) once it has known it for the
+        # failover timeout: past the run for the control.
+        timeout_ms = 60_000 if unsafe else 3000
+        sentinels.monitor("torture", primary, down_after_ms=1000, failover_timeout_ms=timeout_ms)
         query = "prefix=t&unsafe_replication=1&failover_gap=0" if unsafe else "prefix=t"
         store = sentinels.url("torture", query)
         keys = dict(SEGMENT_KEYS)
@@ -179,7 +186,7 @@ def redis_replica(workdir: Path, unsafe: bool) -> Iterator[Setup]:
             new = next(s for s in servers.values() if s is not old)
             if unsafe:  # the replica falls behind first (on the pair's first link only)
                 partition.cut_address(link, old.port)
-                time.sleep(1.0)
+                time.sleep(2.0)
             old.kill()
             partition.heal()
             sentinels.await_primary("torture", new, 30)
@@ -218,7 +225,7 @@ def postgres_sync(workdir: Path, unsafe: bool) -> Iterator[Setup]:
             old, new = pair
             if unsafe:  # the standby falls behind first (on the pair's first link only)
                 partition.cut_address(link, old.port)
-                time.sleep(1.0)
+                time.sleep(2.0)
             switch(old, new, crash=True, before_promote=partition.heal)
             pair.reverse()
             return f"port {old.port} -> {new.port}"
@@ -273,9 +280,55 @@ def quorum_redis5(workdir: Path, unsafe: bool) -> Iterator[Setup]:
         nodes.close()
 
 
+class _Member:
+    """A cluster member as a nemesis node: start() does not wait for it to serve (with a
+    majority down it cannot)."""
+
+    def __init__(self, member: Any) -> None:
+        self.member = member
+
+    def kill(self) -> None:
+        self.member.kill()
+
+    def start(self) -> None:
+        self.member.start(wait=False)
+
+    def pause(self) -> None:
+        self.member.pause()
+
+    def resume(self) -> None:
+        self.member.resume()
+
+
+@contextlib.contextmanager
+def _cluster(name: str, cluster: Any) -> Iterator[Setup]:
+    """A three-member etcd or ZooKeeper cluster, each member on a loopback address of its own
+    (a partition cuts clients off from one), every client's URL naming all three."""
+    with cluster:
+        store = cluster.store_url("t")
+        keys = dict(SEGMENT_KEYS)
+        _make_keys(store, keys)
+        nodes = {m.name: Node(m.name, _Member(m), (m.address, m.port)) for m in cluster.members}
+        yield Setup(name, store, keys, _segment_clients(), nodes, bounds=dict(STORE_BOUNDS))
+
+
+def etcd3(workdir: Path, unsafe: bool) -> contextlib.AbstractContextManager[Setup]:
+    """Three etcd members (Raft): kills, pauses and cuts of members, a majority at times."""
+    return _cluster("etcd-3", EtcdCluster(3, addresses=loopback_addresses(3, first=71)))
+
+
+def zookeeper3(workdir: Path, unsafe: bool) -> contextlib.AbstractContextManager[Setup]:
+    """Three ZooKeeper servers (ZAB), as etcd3."""
+    return _cluster("zookeeper-3", ZooKeeperEnsemble(3, addresses=loopback_addresses(3, first=74)))
+
+
 SETUPS: dict[str, Callable[[Path, bool], contextlib.AbstractContextManager[Setup]]] = {
     "sqlite": sqlite,
     "redis-replica": redis_replica,
     "postgres-sync": postgres_sync,
     "quorum-redis5": quorum_redis5,
+    "etcd-3": etcd3,
+    "zookeeper-3": zookeeper3,
 }
+#: The set-ups with a negative control (--unsafe).
+UNSAFE = ("sqlite", "redis-replica", "postgres-sync", "quorum-redis5")
