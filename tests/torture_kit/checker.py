@@ -234,16 +234,17 @@ class Fault:
     step: float = 0.0  # a clock fault's step (s)
 
 
-def longest_gap(calls: list[Call], fault: Fault, grace: float) -> float:
-    """The longest time, within the fault and `grace` seconds after it, that a client it did
-    not hit itself went without a call that handed out ids, counted only where it was asking
-    (a gap from its last success before the fault to its first after)."""
+def longest_gap(calls: list[Call], fault: Fault, grace: float, left_out: set[str]) -> float:
+    """The longest time, within the fault and `grace` seconds after it, that a client went
+    without a call that handed out ids, counted only where it was asking (a gap from its last
+    success before the fault to its first after). `left_out`: clients not to count (those
+    this fault or another one at the time hit themselves, and slow ones)."""
     worst = 0.0
     by_client: dict[str, list[Call]] = defaultdict(list)
     for call in calls:
         by_client[call.client].append(call)
     for client, taken in by_client.items():
-        if client in fault.hits:
+        if client in left_out:
             continue
         ends = sorted(c.t1 for c in taken if c.error is None)
         tried = [c for c in taken if fault.start <= c.t0 <= fault.end + grace]

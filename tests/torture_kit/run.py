@@ -226,8 +226,14 @@ def _summary(
         nemesis.clock_ahead(),
     )
     outages = []
+    # The CLI starts a process a call (a second or more): its pace is no outage.
+    slow = {name for name, spec in setup.clients if spec["via"] == "cli"}
     for fault in nemesis.log:
-        gap = longest_gap(calls, fault, GRACE)
+        overlapping = [
+            f for f in nemesis.log if f.start <= fault.end + GRACE and f.end >= fault.start
+        ]
+        hit = {client for f in overlapping for client in f.hits}
+        gap = longest_gap(calls, fault, GRACE, slow | hit)
         bound = setup.bounds.get(fault.kind)
         outages.append(
             {
