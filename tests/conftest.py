@@ -45,6 +45,12 @@ KV_SERVERS = {
 _db_numbers = itertools.count(1)
 
 
+def pytest_report_header() -> str:
+    from torture_kit import CI_SEED
+
+    return f"torture seed {CI_SEED} (IDMINT_TORTURE_SEED={CI_SEED} replays tests/test_torture.py)"
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     server = PostgresServer()

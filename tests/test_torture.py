@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import random
 
+from torture_kit import CI_SEED
 from torture_kit.run import torture
 from torture_kit.setups import SETUPS, UNSAFE
 
-SEED = int(os.environ.get("IDMINT_TORTURE_SEED") or random.SystemRandom().randrange(2**31))
+SEED = CI_SEED
 TORTURE_SECONDS = float(os.environ.get("IDMINT_TORTURE_SECONDS", "12"))
 CONTROL_SECONDS = 6.0
 

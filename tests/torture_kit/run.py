@@ -155,7 +155,8 @@ def torture(
         if not problems:
             nemesis.run(began + seconds, began)
             problems += [f"the nemesis failed: {e}" for e in nemesis.errors]
-            problems += _wait_serving(clients, RECOVERY, "to serve again after the faults")
+            if not unsafe:  # a control's clients may stop for good (CounterWentBack): no wait
+                problems += _wait_serving(clients, RECOVERY, "to serve again after the faults")
         ended = time.monotonic()
         for client in clients:
             client.stop()

@@ -215,8 +215,11 @@ class EtcdClient(ForkAware):
             except NotSent as exc:  # the next endpoint may answer
                 problems.append(str(exc))
                 continue
-            except NoAnswer as exc:  # sent, maybe applied: no failover
-                raise self.unavailable(str(exc)) from None
+            except NoAnswer as exc:  # sent, maybe applied: no failover for this request
+                with self._lock:  # but the next one tries the others first: a hung member
+                    if len(self._endpoints) > 1 and self._endpoints[0] == endpoint:
+                        self._endpoints.append(self._endpoints.pop(0))  # (SIGSTOP, a full
+                raise self.unavailable(str(exc)) from None  # disk) would stall every call
             with self._lock:  # the endpoint that answered goes first from now on
                 if self._endpoints[0] != endpoint:
                     self._endpoints.remove(endpoint)
