@@ -248,10 +248,15 @@ class Forwarder:
     """A TCP forwarder on loopback standing in for a virtual IP: clients connect to `port`,
     each connection goes to `target` (a port on loopback) as it is when the connection is
     made. Setting `target` moves the address, as a failover manager would: every open
-    connection is cut (clients see a broken connection and connect again)."""
+    connection is cut (clients see a broken connection and connect again).
+
+    While `drop_replies` is set, what the server answers is thrown away and the connection
+    cut: the request reached the server (a write was applied), its client never learns it
+    (an ambiguous outcome)."""
 
     def __init__(self, target: int) -> None:
         self._target = target
+        self.drop_replies = False
         self._listener = socket.create_server((LOOPBACK, 0))
         self.port = int(self._listener.getsockname()[1])
         self._open: list[socket.socket] = []
@@ -302,9 +307,9 @@ class Forwarder:
                 self._open += [client, server]
             threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
 
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
-        """Copy bytes both ways until either side closes (or the forwarder cuts them)."""
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        """Copy bytes both ways until either side closes (or the forwarder cuts them); a
+        reply that comes while `drop_replies` is set ends the connection unseen."""
         other = {a: b, b: a}
         with selectors.DefaultSelector() as selector:
             for sock in (a, b):
@@ -316,7 +321,7 @@ class Forwarder:
                         source = key.fileobj
                         assert isinstance(source, socket.socket)
                         data = source.recv(65536)
-                        if not data:
+                        if not data or (source is b and self.drop_replies):
                             return
                         other[source].setblocking(True)
                         other[source].sendall(data)

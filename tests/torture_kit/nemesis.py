@@ -11,6 +11,8 @@ The menu (what a set-up offers decides which are drawn):
   kill-node      kill -9 of a store node, started again (its data kept)
   pause-node     SIGSTOP of a store node: a hung store, its sockets open
   partition      a store node cut off from clients (iptables on its address), healed later
+  drop-replies   a forwarder between clients and a store throws its replies away and cuts
+                 the connection: writes applied whose clients never learn it (ambiguous)
   failover       the set-up's failover and failback (a replicated store's HA recipe)
   power-cut      every client and server and `power_cut_nodes` store nodes killed -9 at
                  once, then all started again: processes that remember nothing
@@ -84,6 +86,7 @@ class Nemesis:
         menu += ["kill-server", "pause-server"] * bool(t.servers)
         menu += ["kill-node", "pause-node"] * bool(setup.nodes)
         menu += ["partition"] * any(n.address for n in setup.nodes.values())
+        menu += ["drop-replies"] * bool(setup.proxies)
         menu += ["failover"] * (setup.switch is not None)
         menu += ["power-cut"] * bool(setup.power_cut_nodes)
         return menu
@@ -182,6 +185,15 @@ class Nemesis:
                 undo = cut.heal
             else:
                 undo = _hold(_NodeTarget(node.server), kind)
+        elif kind == "drop-replies":
+            name = self._choose(list(self.setup.proxies), pick)
+            if name is None:
+                return
+            proxy, target = self.setup.proxies[name], name
+            proxy.drop_replies = True
+
+            def undo() -> None:
+                proxy.drop_replies = False
         elif kind == "failover":
             assert self.setup.switch is not None
             start = time.monotonic()

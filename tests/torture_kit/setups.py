@@ -30,7 +30,7 @@ import idmint
 from harness import Partition
 from postgres_ha import ha_pair, switch
 from quorum_nodes import QuorumNodes
-from replicated import redis_pair
+from replicated import Forwarder, redis_pair
 from server_redis import Sentinels
 from servers import LOOPBACK
 
@@ -72,6 +72,9 @@ class Setup:
     unsafe_fault: str | None = None
     #: Nodes a power cut kills -9 with every client and server (a majority of a quorum).
     power_cut_nodes: int = 0
+    #: Forwarders clients reach the store through, by name: the nemesis drops their replies
+    #: (the write applied, its answer lost).
+    proxies: dict[str, Forwarder] = field(default_factory=dict)
 
 
 def _make_keys(store: str, keys: dict[str, KeySpec], stripes: bool = True) -> None:
@@ -118,6 +121,7 @@ def _segment_clients(snowflake: bool = True) -> list[tuple[str, dict[str, Any]]]
 #: buffers for a while and then costs at most the store's own recovery; the client's own
 #: kill or pause is its own outage, not counted.
 STORE_BOUNDS = {
+    "drop-replies": 15.0,
     "kill-node": 15.0,
     "pause-node": 15.0,
     "partition": 15.0,
@@ -210,8 +214,14 @@ def postgres_sync(workdir: Path, unsafe: bool) -> Iterator[Setup]:
     `unsafe_replication=1&failover_gap=0`), one URL naming both with target_session_attrs;
     the switch: kill -9 of the primary, promotion, pg_rewind, the old one attached back."""
     link = "127.0.0.62"  # the standby follows the primary here: the control cuts it
-    with ha_pair(synchronous=not unsafe, link=link) as (a, b), Partition() as partition:
-        hosts = ",".join(f"{LOOPBACK}:{s.port}" for s in (a, b))
+    with (
+        ha_pair(synchronous=not unsafe, link=link) as (a, b),
+        Partition() as partition,
+        Forwarder(a.port) as to_a,
+        Forwarder(b.port) as to_b,
+    ):
+        # Clients reach each server through a forwarder, which can lose its replies.
+        hosts = ",".join(f"{LOOPBACK}:{proxy.port}" for proxy in (to_a, to_b))
         params = "&unsafe_replication=1&failover_gap=0" if unsafe else ""
         store = (
             f"postgresql://postgres@{hosts}/postgres"
@@ -233,7 +243,7 @@ def postgres_sync(workdir: Path, unsafe: bool) -> Iterator[Setup]:
         nodes = {"pg-a": Node("pg-a", a), "pg-b": Node("pg-b", b)}
         setup = Setup(
             "postgres-sync", store, keys, _segment_clients(), nodes, failover,
-            bounds=dict(STORE_BOUNDS),
+            bounds=dict(STORE_BOUNDS), proxies={"to-pg-a": to_a, "to-pg-b": to_b},
         )  # fmt: skip
         if unsafe:
             setup.unsafe_what = "asynchronous standby, unsafe_replication=1&failover_gap=0"
