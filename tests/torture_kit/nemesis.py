@@ -16,6 +16,9 @@ The menu (what a set-up offers decides which are drawn):
   failover       the set-up's failover and failback (a replicated store's HA recipe)
   power-cut      every client and server and `power_cut_nodes` store nodes killed -9 at
                  once, then all started again: processes that remember nothing
+  restore        a backup of the store taken, then after a while every client and server
+                 stopped, the backup restored, and every key raised above the highest id
+                 handed out (`idmint keys raise`, as docs/production.md says), and all started
 
 The choices (which fault, which target, how long, the pause before the next) come from one
 random.Random(seed) in one thread, so a seed replays the same schedule; how the system under
@@ -34,12 +37,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import idmint
+
 from .checker import Fault
 from .setups import Setup
 from harness import Clock, Partition
 
 #: Faults that run alone: nothing else is undone or started while one runs.
-EXCLUSIVE = {"failover", "power-cut"}
+EXCLUSIVE = {"failover", "power-cut", "restore"}
 #: Seconds a fault lasts, at most (drawn uniformly from a tenth of it).
 LONGEST = {"clock": 3.0, "kill-node": 2.0, "pause-node": 3.0, "partition": 4.0}
 DEFAULT_LONGEST = 2.5
@@ -66,6 +71,9 @@ class Targets:
     clocks: dict[str, Clock]
     #: clients that talk through each server (hit when it is)
     server_clients: dict[str, list[str]] = field(default_factory=dict)
+    #: the highest id handed out so far, per segment key (what an operator reads before
+    #: `keys raise`: the logs, the metrics, the clients' own records)
+    highest: Callable[[], dict[str, int]] = dict
 
 
 class Nemesis:
@@ -89,6 +97,7 @@ class Nemesis:
         menu += ["drop-replies"] * bool(setup.proxies)
         menu += ["failover"] * (setup.switch is not None)
         menu += ["power-cut"] * bool(setup.power_cut_nodes)
+        menu += ["restore"] * (setup.backup is not None)
         return menu
 
     # -- the schedule ------------------------------------------------------------------------
@@ -200,6 +209,9 @@ class Nemesis:
             target = self.setup.switch()
             self._record(kind, target, start, time.monotonic(), began, ())
             return
+        elif kind == "restore":
+            self._restore(hold, began)
+            return
         else:  # power-cut
             self._power_cut(pick, began)
             return
@@ -229,6 +241,23 @@ class Nemesis:
             proc.start()
         hits = tuple(t.clients)
         self._record("power-cut", "nodes " + ",".join(cut), start, time.monotonic(), began, hits)
+
+    def _restore(self, hold: float, began: float) -> None:
+        t, setup = self.targets, self.setup
+        assert setup.backup is not None
+        start = time.monotonic()
+        restore = setup.backup()
+        time.sleep(hold)  # the store moves on past its backup
+        everyone = [*t.clients.values(), *t.servers.values()]
+        for proc in everyone:
+            proc.kill9()
+        restore()
+        with idmint.connect(setup.store) as minter:
+            for key, top in t.highest().items():
+                minter.raise_floor(key, top + 1)
+        for proc in [*t.servers.values(), *t.clients.values()]:
+            proc.start()
+        self._record("restore", "the store", start, time.monotonic(), began, tuple(t.clients))
 
     def _record(
         self,

@@ -148,6 +148,7 @@ def torture(
                 name: [c.name for c in clients if c.spec.get("server_name") == name]
                 for name in servers
             },
+            lambda: _highest(clients, setup),
         )
         problems = _wait_serving(clients, STARTUP, "to hand out its first ids")
         began = time.monotonic()
@@ -189,6 +190,18 @@ def _start(
         stack.callback(client.kill9)
         clients.append(client)
     return servers, clients
+
+
+def _highest(clients: list[Client], setup: Setup) -> dict[str, int]:
+    """The highest id of each segment key handed out so far, from every record."""
+    top: dict[str, int] = {}
+    for client in clients:
+        key = client.spec["key"]
+        if setup.keys[key].kind == "segment":
+            for call in client.calls():
+                if call.error is None:
+                    top[key] = max(top.get(key, 0), call.high)
+    return top
 
 
 def _wait_serving(clients: list[Client], timeout: float, what: str) -> list[str]:

@@ -17,6 +17,7 @@ A set-up is a context manager (`with SETUPS[name](workdir, unsafe) as setup`). I
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ class Setup:
     #: Forwarders clients reach the store through, by name: the nemesis drops their replies
     #: (the write applied, its answer lost).
     proxies: dict[str, Forwarder] = field(default_factory=dict)
+    #: Takes a backup of the store now and returns what restores it (None: no such fault).
+    backup: Callable[[], Callable[[], None]] | None = None
 
 
 def _make_keys(store: str, keys: dict[str, KeySpec], stripes: bool = True) -> None:
@@ -122,6 +125,7 @@ def _segment_clients(snowflake: bool = True) -> list[tuple[str, dict[str, Any]]]
 #: kill or pause is its own outage, not counted.
 STORE_BOUNDS = {
     "drop-replies": 15.0,
+    "restore": 30.0,
     "kill-node": 15.0,
     "pause-node": 15.0,
     "partition": 15.0,
@@ -141,6 +145,7 @@ def sqlite(workdir: Path, unsafe: bool) -> Iterator[Setup]:
     keys = dict(SEGMENT_KEYS)
     _make_keys(store, keys)
     setup = Setup("sqlite", store, keys, _segment_clients(), bounds=dict(STORE_BOUNDS))
+    setup.backup = lambda: _sqlite_backup(workdir / "store.db", workdir / "backup.db")
     if unsafe:
         setup.clients += [
             (
@@ -159,6 +164,21 @@ def sqlite(workdir: Path, unsafe: bool) -> Iterator[Setup]:
         ]
         setup.unsafe_what = "static worker id 7 held by two processes, no shared lease store"
     yield setup
+
+
+def _sqlite_backup(db: Path, copy: Path) -> Callable[[], None]:
+    """A consistent copy of the database now (SQLite's online backup), and what copies it
+    back over the database (every process that uses it stopped first)."""
+
+    def copy_over(source: Path, target: Path) -> None:
+        with (
+            contextlib.closing(sqlite3.connect(source)) as src,
+            contextlib.closing(sqlite3.connect(target)) as dst,
+        ):
+            src.backup(dst)
+
+    copy_over(db, copy)
+    return lambda: copy_over(copy, db)
 
 
 @contextlib.contextmanager
