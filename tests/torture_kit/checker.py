@@ -98,6 +98,7 @@ def parse(process: str, key: str, text: str) -> list[Call]:
 class Verdict:
     ids: int = 0
     repeated: int = 0
+    ids_by_key: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -121,7 +122,8 @@ def check(
         if call.error is None:
             by_key[call.key].append(call)
     for key, taken in sorted(by_key.items()):
-        verdict.ids += sum(c.count for c in taken)
+        verdict.ids_by_key[key] = sum(c.count for c in taken)
+        verdict.ids += verdict.ids_by_key[key]
         repeated, examples = _repeats(taken)
         if repeated:
             verdict.repeated += repeated

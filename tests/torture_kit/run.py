@@ -270,6 +270,7 @@ def _summary(
         "verdict": "fail" if all_problems else "ok",
         "problems": all_problems,
         "ids": verdict.ids,
+        "ids_by_key": verdict.ids_by_key,
         "repeated": verdict.repeated,
         "calls": sum(1 for c in calls if c.error is None),
         "errors": sum(1 for c in calls if c.error is not None),
