@@ -84,7 +84,6 @@ class Nemesis:
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._partition = Partition()
         self.menu = self._menu()
 
     def _menu(self) -> list[str]:
@@ -102,7 +101,7 @@ class Nemesis:
 
     # -- the schedule ------------------------------------------------------------------------
 
-    def run(self, until: float, began: float) -> None:
+    def run(self, until: float) -> None:
         """Faults until the monotonic time `until`; every one undone before returning. In a
         negative control the set-up's dangerous fault comes first and then every third time."""
         rng = self.rng
@@ -118,16 +117,15 @@ class Nemesis:
             step = rng.choice(CLOCK_STEPS)
             if kind in EXCLUSIVE:
                 self._join()
-                self._fault(kind, pick, hold, step, began)
+                self._fault(kind, pick, hold, step)
             else:
                 thread = threading.Thread(
-                    target=self._fault, args=(kind, pick, hold, step, began), daemon=True
+                    target=self._fault, args=(kind, pick, hold, step), daemon=True
                 )
                 thread.start()
                 self._threads.append(thread)
             time.sleep(rng.uniform(0.2, 1.5))
         self._join()
-        self._partition.heal()
 
     def _join(self) -> None:
         for thread in self._threads:
@@ -146,13 +144,13 @@ class Nemesis:
             self._busy.add(name)
             return name
 
-    def _fault(self, kind: str, pick: float, hold: float, step: float, began: float) -> None:
+    def _fault(self, kind: str, pick: float, hold: float, step: float) -> None:
         try:
-            self._run_fault(kind, pick, hold, step, began)
+            self._run_fault(kind, pick, hold, step)
         except Exception as exc:  # a nemesis that cannot undo a fault: the run is void
             self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
 
-    def _run_fault(self, kind: str, pick: float, hold: float, step: float, began: float) -> None:
+    def _run_fault(self, kind: str, pick: float, hold: float, step: float) -> None:
         t = self.targets
         undo: Callable[[], None]
         hits: tuple[str, ...] = ()
@@ -207,13 +205,13 @@ class Nemesis:
             assert self.setup.switch is not None
             start = time.monotonic()
             target = self.setup.switch()
-            self._record(kind, target, start, time.monotonic(), began, ())
+            self._record(kind, target, start, time.monotonic(), ())
             return
         elif kind == "restore":
-            self._restore(hold, began)
+            self._restore(hold)
             return
         else:  # power-cut
-            self._power_cut(pick, began)
+            self._power_cut(pick)
             return
         start = time.monotonic()
         try:
@@ -222,9 +220,9 @@ class Nemesis:
             undo()
             with self._lock:
                 self._busy.discard(name)
-        self._record(kind, target, start, time.monotonic(), began, hits, stepped)
+        self._record(kind, target, start, time.monotonic(), hits, stepped)
 
-    def _power_cut(self, pick: float, began: float) -> None:
+    def _power_cut(self, pick: float) -> None:
         t, setup = self.targets, self.setup
         start = time.monotonic()
         everyone = [*t.clients.values(), *t.servers.values()]
@@ -240,9 +238,9 @@ class Nemesis:
         for proc in [*t.servers.values(), *t.clients.values()]:
             proc.start()
         hits = tuple(t.clients)
-        self._record("power-cut", "nodes " + ",".join(cut), start, time.monotonic(), began, hits)
+        self._record("power-cut", "nodes " + ",".join(cut), start, time.monotonic(), hits)
 
-    def _restore(self, hold: float, began: float) -> None:
+    def _restore(self, hold: float) -> None:
         t, setup = self.targets, self.setup
         assert setup.backup is not None
         start = time.monotonic()
@@ -257,7 +255,7 @@ class Nemesis:
                 minter.raise_floor(key, top + 1)
         for proc in [*t.servers.values(), *t.clients.values()]:
             proc.start()
-        self._record("restore", "the store", start, time.monotonic(), began, tuple(t.clients))
+        self._record("restore", "the store", start, time.monotonic(), tuple(t.clients))
 
     def _record(
         self,
@@ -265,7 +263,6 @@ class Nemesis:
         target: str,
         start: float,
         end: float,
-        began: float,
         hits: tuple[str, ...],
         step: float = 0.0,
     ) -> None:

@@ -154,7 +154,7 @@ def torture(
         began = time.monotonic()
         nemesis = Nemesis(rng, setup, targets, unsafe)
         if not problems:
-            nemesis.run(began + seconds, began)
+            nemesis.run(began + seconds)
             problems += [f"the nemesis failed: {e}" for e in nemesis.errors]
             if not unsafe:  # a control's clients may stop for good (CounterWentBack): no wait
                 problems += _wait_serving(clients, RECOVERY, "to serve again after the faults")
