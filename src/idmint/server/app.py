@@ -138,10 +138,7 @@ class App:
             if route.hands_ids:
                 self.counters.handed[route.label] = 0
         # The hot path's own references: one attribute lookup each, no more.
-        self._gens = self.service.generators
-        self._rows = self.service.rows
-        self._charge = self.service.charge
-        self._refund = self.service.refund
+        self._one_now = self.service.one_now
         self._id_bearers = self.service.bearers
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -207,30 +204,12 @@ class App:
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         path = scope.path
         if scope.method == "GET" and path.startswith(LEAF_PREFIX):
-            # Leaf's route without the router: the generator's lock-free hot path, right here.
-            key = path[len(LEAF_PREFIX) :]
-            gen, row = self._gens.get(key), self._rows.get(key)
-            if (
-                gen is not None
-                and row is not None
-                and (
-                    not self._id_bearers
-                    or bearer_in(scope.headers.get("authorization"), self._id_bearers)
-                )
+            # Leaf's route without the router: the generator's lock-free hot path, right here
+            # (None: the full path below answers, with the right status).
+            if not self._id_bearers or bearer_in(
+                scope.headers.get("authorization"), self._id_bearers
             ):
-                try:
-                    # Charged first, as DropIn.answer_now does: a spent budget is the routed
-                    # path's 429, with nothing drawn.
-                    self._charge(row, 1)
-                except HttpError:
-                    i = None  # the full path below answers with the right status
-                else:
-                    try:
-                        i = gen.try_next_id()
-                    except IdmintError:
-                        i = None
-                    if i is None:
-                        self._refund(row, 1)  # the routed path charges it again
+                i = self._one_now(path[len(LEAF_PREFIX) :])
                 if i is not None:
                     self.hot_handed += 1  # a plain attribute: the cheapest count there is
                     proto.response_str(200, _HOT_HEADERS, str(i))

@@ -314,20 +314,8 @@ class DropIn:
             key, route = biz, path
         else:
             return None
-        gen, row = service.generators.get(key), service.rows.get(key)
-        if gen is None or row is None:
-            return None
-        try:
-            # Charged first: a 429 is the routed path's to answer, with nothing drawn.
-            service.charge(row, 1)
-        except HttpError:
-            return None
-        try:
-            i = gen.try_next_id()
-        except IdmintError:
-            i = None
+        i = service.one_now(key)
         if i is None:
-            service.refund(row, 1)  # the routed path charges it again
             return None
         self.counters.handed[route] += 1
         if route == TINYID_IDS:

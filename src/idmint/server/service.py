@@ -231,9 +231,26 @@ class IdService:
         except OverBudget as exc:
             raise HttpError(429, str(exc), (("retry-after", f"{exc.retry_after:.0f}"),)) from None
 
-    def refund(self, row: Key, ids: int) -> None:
-        """Give back what `charge` took for ids that were not handed out."""
-        self._budget.refund(row, ids)
+    def one_now(self, key: str) -> int | None:
+        """One id of a loaded key from its buffer, paid from its budget, for the routes
+        answered before routing (Leaf's in App.__rsgi__, tinyid's and CosId's in
+        DropIn.answer_now). None when the routed path must answer, alike only slower: the key
+        not loaded, its budget spent (the router's 429, nothing drawn), its buffer empty or an
+        error (the id charged is given back: the router charges it again)."""
+        gen, row = self.generators.get(key), self.rows.get(key)
+        if gen is None or row is None:
+            return None
+        try:
+            self.charge(row, 1)
+        except HttpError:
+            return None
+        try:
+            i = gen.try_next_id()
+        except IdmintError:
+            i = None
+        if i is None:
+            self._budget.refund(row, 1)
+        return i
 
     def retired_or(self, exc: Exhausted) -> Exhausted:
         """A KeyRetired for a key whose row (as last read: every few seconds) is retired; the
