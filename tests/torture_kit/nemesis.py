@@ -11,6 +11,8 @@ The menu (what a set-up offers decides which are drawn):
   kill-node      kill -9 of a store node, started again (its data kept)
   pause-node     SIGSTOP of a store node: a hung store, its sockets open
   partition      a store node cut off from clients (iptables on its address), healed later
+  split          store nodes cut off from each other (a member from its peers, a datacenter
+                 from the other): one of the set-up's `splits`, healed later
   drop-replies   a forwarder between clients and a store throws its replies away and cuts
                  the connection: writes applied whose clients never learn it (ambiguous)
   failover       the set-up's failover and failback (a replicated store's HA recipe)
@@ -46,7 +48,7 @@ from harness import Clock, Partition
 #: Faults that run alone: nothing else is undone or started while one runs.
 EXCLUSIVE = {"failover", "power-cut", "restore"}
 #: Seconds a fault lasts, at most (drawn uniformly from a tenth of it).
-LONGEST = {"clock": 3.0, "kill-node": 2.0, "pause-node": 3.0, "partition": 4.0}
+LONGEST = {"clock": 3.0, "kill-node": 2.0, "pause-node": 3.0, "partition": 4.0, "split": 4.0}
 DEFAULT_LONGEST = 2.5
 #: Wall-clock steps (s) the clock fault draws from: snowflake's 5 ms tolerance, small steps
 #: back it must wait out or refuse, and forward jumps.
@@ -93,6 +95,7 @@ class Nemesis:
         menu += ["kill-server", "pause-server"] * bool(t.servers)
         menu += ["kill-node", "pause-node"] * bool(setup.nodes)
         menu += ["partition"] * any(n.address for n in setup.nodes.values())
+        menu += ["split"] * bool(setup.splits)
         menu += ["drop-replies"] * bool(setup.proxies)
         menu += ["failover"] * (setup.switch is not None)
         menu += ["power-cut"] * bool(setup.power_cut_nodes)
@@ -192,6 +195,12 @@ class Nemesis:
                 undo = cut.heal
             else:
                 undo = _hold(_NodeTarget(node.server), kind)
+        elif kind == "split":
+            name = self._choose([f"split {n}" for n in self.setup.splits], pick)
+            if name is None:
+                return
+            target = name.removeprefix("split ")
+            undo = self.setup.splits[target]().heal
         elif kind == "drop-replies":
             name = self._choose(list(self.setup.proxies), pick)
             if name is None:

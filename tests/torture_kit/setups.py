@@ -76,6 +76,9 @@ class Setup:
     #: Forwarders clients reach the store through, by name: the nemesis drops their replies
     #: (the write applied, its answer lost).
     proxies: dict[str, Forwarder] = field(default_factory=dict)
+    #: Cuts between parts of the store, by name (a member from its peers, one datacenter
+    #: from the other): each makes its cut and returns the Partition that heals it.
+    splits: dict[str, Callable[[], Partition]] = field(default_factory=dict)
     #: Takes a backup of the store now and returns what restores it (None: no such fault).
     backup: Callable[[], Callable[[], None]] | None = None
 
@@ -129,6 +132,7 @@ STORE_BOUNDS = {
     "kill-node": 15.0,
     "pause-node": 15.0,
     "partition": 15.0,
+    "split": 15.0,
     "failover": 30.0,
     "kill-server": 10.0,
     "pause-server": 10.0,
