@@ -18,6 +18,7 @@ import idmint
 from idmint.stores import registry
 
 import toy_engine
+from certs import Certs, make_certs
 from http_server import ServerProcess
 from servers import MariaDBServer, PostgresServer
 
@@ -35,6 +36,14 @@ SHARED_SQL_STORES = ("sqlite", "postgres", "mariadb")  # for tests of the SQL sc
 LEASE_STORES = (*ENGINES, "toy")
 CAS_STORES = (*ENGINES, "toy")  # every engine keeps compare-and-set cells
 SHARED_LEASE_STORES = ENGINES[1:]  # all but memory: those other processes can reach
+#: Every server engine again, locked down (issue 33): over TLS (certificates made at test time,
+#: tests/certs.py), as the least-privileged user docs/stores.md gives. The session servers take
+#: both plain and locked-down clients, so these cost no extra server; the store contract runs on
+#: them (tests/test_store_contract.py). Each server class has `locked_store_url(name)`.
+LOCKED_STORES = tuple(
+    f"{engine}-locked"
+    for engine in ("postgres", "mariadb", "redis", "etcd", "zookeeper", "cassandra")
+)
 KV_SERVERS = {
     "redis": "RedisServer",
     "etcd": "EtcdServer",
@@ -52,16 +61,22 @@ def pytest_report_header() -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """The test run's CA and what it signed (tests/certs.py)."""
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="session")
+def postgres(certs: Certs) -> Iterator[PostgresServer]:
+    server = PostgresServer(certs=certs)
     server.start()
     yield server
     server.close()
 
 
 @pytest.fixture(scope="session")
-def mariadb() -> Iterator[MariaDBServer]:
-    server = MariaDBServer()
+def mariadb(certs: Certs) -> Iterator[MariaDBServer]:
+    server = MariaDBServer(certs=certs)
     server.start()
     yield server
     server.close()
@@ -76,6 +91,11 @@ def fresh_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
         return f"sqlite:///{tmp_path / 'idmint.db'}"
     if kind == "toy":
         return f"toy://{tmp_path / 'toy'}"
+    if kind.endswith("-locked"):
+        engine = kind.removesuffix("-locked")
+        server = request.getfixturevalue(f"{engine}_server" if engine in KV_SERVERS else engine)
+        locked: str = server.locked_store_url(name)
+        return locked
     if kind in KV_SERVERS:
         kv = request.getfixturevalue(f"{kind}_server")
         kv_url: str = kv.store_url(name)  # a fresh prefix on the shared server
@@ -142,29 +162,29 @@ def idmint_server(tmp_path: Path) -> Iterator[ServerProcess]:
     server.stop()
 
 
-def _kv_server(kind: str) -> Iterator[Any]:
+def _kv_server(kind: str, certs: Certs) -> Iterator[Any]:
     module = importlib.import_module(f"server_{kind}")
-    server = getattr(module, KV_SERVERS[kind])()
+    server = getattr(module, KV_SERVERS[kind])(certs=certs)
     server.start()
     yield server
     server.close()
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[Any]:
-    yield from _kv_server("redis")
+def redis_server(certs: Certs) -> Iterator[Any]:
+    yield from _kv_server("redis", certs)
 
 
 @pytest.fixture(scope="session")
-def etcd_server() -> Iterator[Any]:
-    yield from _kv_server("etcd")
+def etcd_server(certs: Certs) -> Iterator[Any]:
+    yield from _kv_server("etcd", certs)
 
 
 @pytest.fixture(scope="session")
-def zookeeper_server() -> Iterator[Any]:
-    yield from _kv_server("zookeeper")
+def zookeeper_server(certs: Certs) -> Iterator[Any]:
+    yield from _kv_server("zookeeper", certs)
 
 
 @pytest.fixture(scope="session")
-def cassandra_server() -> Iterator[Any]:
-    yield from _kv_server("cassandra")
+def cassandra_server(certs: Certs) -> Iterator[Any]:
+    yield from _kv_server("cassandra", certs)

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from certs import Certs
 from servers import (
     LOOPBACK,
     Pausable,
@@ -258,7 +259,9 @@ class CassandraServer(Pausable):
         dc: str | None = None,
         seeds: tuple[str, ...] = (),
         ports: tuple[int, int, int, int] | None = None,
+        certs: Certs | None = None,
     ) -> None:
+        self.certs = certs  # TLS and auth for locked-down clients (issue 33)
         # A node of a cluster (CassandraCluster) has its own loopback address, a datacenter,
         # the cluster's seeds, and the cluster's ports (CQL, storage, SSL storage, Thrift).
         self.host, self.dc, self.seeds, self._shared_ports = host, dc, seeds or (host,), ports

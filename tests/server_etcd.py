@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from certs import Certs
 from servers import Pausable, ServerStartError, free_port, wait_until
 
 ETCD = os.environ.get("IDMINT_ETCD", "/usr/bin/etcd")
@@ -28,8 +29,13 @@ class EtcdServer(Pausable):
     """One etcd member; ``store_url(name)`` is an etcd:// URL with its own key prefix."""
 
     def __init__(
-        self, *, startup_timeout: float = 20.0, addresses: tuple[str, ...] = (LOOPBACK,)
+        self,
+        *,
+        startup_timeout: float = 20.0,
+        addresses: tuple[str, ...] = (LOOPBACK,),
+        certs: Certs | None = None,
     ) -> None:
+        self.certs = certs  # TLS and auth for locked-down clients (issue 33)
         # More addresses than 127.0.0.1: clients that a partition test cuts off by address.
         self.addresses = addresses
         if not Path(ETCD).is_file():

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import redis
 
+from certs import Certs
 from servers import LOOPBACK, Pausable, ServerStartError, free_port, start_all, wait_until
 
 REDIS_SERVER = "/usr/bin/redis-server"
@@ -95,12 +96,14 @@ class RedisServer(_RedisProcess):
         appendfsync: str | None = "always",
         replica_of: tuple[str, int] | None = None,
         diskless_sync_delay: int = 0,
+        certs: Certs | None = None,
     ) -> None:
         """`also`: more addresses to listen on (clients cut off apart: harness.Partition).
         `appendfsync`: the append-only file's fsync policy; None: no append-only file (a
         restart then comes back empty). `replica_of`: (host, port) of the primary it follows.
         `diskless_sync_delay`: seconds it waits, as a primary, before a replica's first sync
         (for more replicas to share it): 0 here, 5 in Redis's own default."""
+        self.certs = certs  # TLS and auth for locked-down clients (issue 33)
         super().__init__(startup_timeout, host, "idmint-redis-")
         self.also = also
         self.replica_of = replica_of

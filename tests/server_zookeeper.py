@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
+from certs import Certs
 from servers import Pausable, ServerStartError, free_port, wait_until
 
 __all__ = ["ZooKeeperServer", "find_classpath"]
@@ -50,7 +51,10 @@ def find_classpath() -> str:
 class ZooKeeperServer(Pausable):
     """A private standalone ZooKeeper on 127.0.0.1; stores get a fresh chroot each."""
 
-    def __init__(self, *, port: int | None = None, startup_timeout: float = 30.0) -> None:
+    def __init__(
+        self, *, port: int | None = None, startup_timeout: float = 30.0, certs: Certs | None = None
+    ) -> None:
+        self.certs = certs  # TLS and auth for locked-down clients (issue 33)
         self.classpath = find_classpath()
         self.port = port or free_port()
         self._port_fixed = port is not None

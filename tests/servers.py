@@ -53,6 +53,8 @@ import psycopg
 import pymysql
 from psycopg import sql
 
+from certs import Certs
+
 __all__ = [
     "MariaDBServer",
     "Pausable",
@@ -833,7 +835,9 @@ class PostgresServer(_Server):
         stop_timeout: float = 60.0,
         max_connections: int = 200,
         extra_settings: dict[str, str] | None = None,
+        certs: Certs | None = None,
     ) -> None:
+        self.certs = certs  # TLS and auth for locked-down clients (issue 33)
         self.bindir = find_postgres_bindir()
         self.max_connections = max_connections
         self.extra_settings = dict(extra_settings or {})
@@ -996,7 +1000,9 @@ class MariaDBServer(_Server):
         stop_timeout: float = 60.0,
         max_connections: int = 300,
         extra_options: list[str] | None = None,
+        certs: Certs | None = None,
     ) -> None:
+        self.certs = certs  # TLS and auth for locked-down clients (issue 33)
         self.install_db, self.server_binary = find_mariadb_binaries()
         self.max_connections = max_connections
         self.extra_options = list(extra_options or [])
