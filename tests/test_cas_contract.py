@@ -15,7 +15,7 @@ from idmint.stores import open_engine
 from idmint.stores.base import CasStore
 from idmint.stores.engine import Engine
 
-from conftest import fresh_store_url
+from conftest import CAS_STORES, LOCKED_STORES, fresh_store_url
 
 VALUES = ("plain", "", "ünïcødé ✓ 日本語 🎉 \"quoted\" 'single' \\ back\nslash", "x" * 4096)
 ODD_KEYS = (
@@ -37,6 +37,12 @@ ODD_KEYS = (
     "back\\slash",
     "~tilde",
 )
+
+
+@pytest.fixture(params=(*CAS_STORES, *LOCKED_STORES))
+def cas_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every engine's cells, and every server engine again locked down (TLS, least privilege)."""
+    return fresh_store_url(request.param, request, tmp_path)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +19,15 @@ from idmint.stores.lease_protocol import FencedLeases, Request, Taken
 from idmint.stores.memory import MemoryLeaseStore, _Slot
 
 from checks import run_threads
+from conftest import LEASE_STORES, LOCKED_STORES, fresh_store_url
 
 NOW = 1_800_000_000_000  # a Unix millisecond: the horizons below are plain numbers
+
+
+@pytest.fixture(params=(*LEASE_STORES, *LOCKED_STORES))
+def lease_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every lease store, and every server engine again locked down (TLS, least privilege)."""
+    return fresh_store_url(request.param, request, tmp_path)
 
 
 @pytest.fixture

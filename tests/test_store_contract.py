@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,13 @@ from idmint import (
 from idmint.ids import ID_MAX, UINT31_MAX
 
 from checks import assert_disjoint, assert_unique, run_threads
+from conftest import LOCKED_STORES, STORES, fresh_store_url
+
+
+@pytest.fixture(params=(*STORES, *LOCKED_STORES))
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every store, and every server engine again locked down (TLS, least privilege)."""
+    return fresh_store_url(request.param, request, tmp_path)
 
 
 @pytest.fixture
