@@ -169,7 +169,7 @@ def test_zookeeper_node_names(key: str) -> None:
         "redis://127.0.0.1:6379/0?other=1",
         "etcd://127.0.0.1",
         "etcd://127.0.0.1:2379?x=1",
-        "etcd://user:pw@127.0.0.1:2379",
+        "etcd://:pw@127.0.0.1:2379",  # a password with no user (issue 33: users are taken)
         "zk://127.0.0.1:2181/bad chroot",
         "zk://127.0.0.1:2181/ok?x=1",
         "zk://",

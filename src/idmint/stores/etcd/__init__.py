@@ -13,15 +13,17 @@ be connected to.
 from __future__ import annotations
 
 import base64
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..._errors import InvalidArgument
-from .._urls import scrub
+from .._urls import ENCODE_HINT, misplaced_at, scrub
 from ..base import StoreIdentity
 from ..engine import Engine
 from ..over_cas.quorum import CasQuorumNode
 from ..over_cas.ranges import CasRangeStore
-from .client import EtcdClient, Json, b64, prefix_end, put_op, unb64, unchanged
+from ..tls import TLS_PARAMS, TlsSettings, tls_settings
+from .client import Credentials, EtcdClient, Json, b64, prefix_end, put_op, unb64, unchanged
 from .leases import EtcdLeaseStore
 
 SCAN_PAGE = 500  # cells per range request of a scan (4 KB values: 2 MB answers at most)
@@ -89,14 +91,34 @@ class EtcdCasStore:
         self._etcd.close()
 
 
-def _parse_url(url: str, display: str) -> tuple[list[str], str]:
-    """(endpoints, prefix) of `etcd://host:port[,host:port...][/prefix]` (prefix: "idmint")."""
+@dataclass(frozen=True)
+class _Parsed:
+    endpoints: list[str]
+    prefix: str
+    credentials: Credentials | None
+    tls: TlsSettings | None
+
+
+_FORM = "etcd://[user:password@]host:port[,host:port...][/prefix][?ca=&cert=&key=&tls=1]"
+
+
+def _parse_url(url: str, display: str) -> _Parsed:
+    """Endpoints, prefix ("idmint" if none), RBAC credentials and TLS of an etcd:// URL."""
+
+    def bad(why: str) -> InvalidArgument:
+        # urlsplit's reasons may quote what it made of the URL: maybe pieces of a password
+        return InvalidArgument(f"bad store URL {display!r}: {scrub(why, url)}")
+
+    if misplaced_at(url):
+        raise bad(ENCODE_HINT)
     rest = url.split("://", 1)[1]
-    hosts, _, path = rest.partition("/")
+    if "#" in rest.rpartition("@")[2]:
+        raise bad(f"expected {_FORM}")
+    before_query, _, query_text = rest.rpartition("@")[2].partition("?")
+    userinfo = rest.rpartition("@")[0] if "@" in rest else None
+    hosts, _, path = before_query.partition("/")
     endpoints = [h.strip() for h in hosts.split(",") if h.strip()]
     prefix = path.strip("/") or "idmint"
-    if "@" in hosts:
-        raise InvalidArgument(f"bad store URL {display!r}: etcd:// URLs take no user or password")
     for endpoint in endpoints:
         try:
             parts = urlsplit(f"//{endpoint}")
@@ -104,22 +126,38 @@ def _parse_url(url: str, display: str) -> tuple[list[str], str]:
         except ValueError:
             ok = False
         if not ok:
-            raise InvalidArgument(
-                f"bad store URL {display!r}: {scrub(endpoint, url)!r} is not host:port "
-                "(etcd://host:port[,host:port...][/prefix])"
-            )
-    if not endpoints or "?" in rest or "#" in rest:
-        raise InvalidArgument(
-            f"bad store URL {display!r}: expected etcd://host:port[,host:port...][/prefix]"
-        )
-    return endpoints, prefix
+            raise bad(f"{endpoint!r} is not host:port ({_FORM})")
+    if not endpoints:
+        raise bad(f"expected {_FORM}")
+    credentials = None
+    if userinfo is not None:
+        user, _, password = userinfo.partition(":")
+        if not user:
+            # etcd's RBAC knows users by name: a password alone names nobody
+            raise bad("a password needs a user name (etcd://user:password@host:port)")
+        credentials = Credentials(unquote(user), unquote(password))
+    query = dict(parse_qsl(query_text, keep_blank_values=True))
+    unknown = sorted(set(query) - TLS_PARAMS)
+    if unknown:
+        raise bad(f"unknown parameter {unknown[0]!r} (only {', '.join(sorted(TLS_PARAMS))})")
+    return _Parsed(endpoints, prefix, credentials, tls_settings(query, display))
 
 
 def open_etcd_engine(url: str, display: str, *, timeout: float) -> Engine:
     """The etcd engine of a URL: segment keys (over CAS), worker leases and compare-and-set
     cells, all on one HTTP client. The URL is checked here; no I/O until the first call."""
-    endpoints, prefix = _parse_url(url, display)
-    etcd = EtcdClient(endpoints, prefix, display, timeout=timeout)
+    parsed = _parse_url(url, display)
+    # Files are read now: a CA or a key that cannot be used is a bad URL, not a failed call.
+    context = parsed.tls.context(display) if parsed.tls is not None else None
+    etcd = EtcdClient(
+        parsed.endpoints,
+        parsed.prefix,
+        display,
+        timeout=timeout,
+        tls=context,
+        credentials=parsed.credentials,
+        client_cert=parsed.tls is not None and parsed.tls.cert is not None,
+    )
     return Engine(
         "etcd",
         display,

@@ -11,6 +11,14 @@ sent (another endpoint may take it), one that was sent and got no answer may hav
 
 etcd's API reports no time; its HTTP Date header (whole seconds, from the member that answered)
 is the store's clock that a lease reports.
+
+Locked down (issue 33): with a TLS context every endpoint is https, the server's certificate
+and name verified (stores/tls.py); with credentials, the client authenticates to etcd's RBAC
+(`/v3/auth/authenticate`, a bcrypt check on the server and a raft round) once, sends the token
+in the `Authorization` header, and authenticates again when etcd calls the token invalid: a
+simple token expires after `--auth-token-ttl` (300 s) unused, a JWT at its `ttl`, and a member
+restart or a password change drops them. A request refused for its token was not applied, so
+it is sent again, once, with the new token.
 """
 
 from __future__ import annotations
@@ -20,9 +28,10 @@ import email.utils
 import http.client
 import json
 import socket
+import ssl
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,6 +39,7 @@ from ..._errors import StoreUnavailable
 from ..._fork import ForkAware, orphan
 from ..._poll import readable
 from ..base import StoreIdentity
+from ..tls import handshake_failure
 
 
 class NotSent(Exception):
@@ -48,34 +58,36 @@ class Answer:
     date: str | None  # the Date header: the server's clock
 
 
+def _failure(exc: OSError) -> str:
+    """A connection's failure in a line: what TLS said, else the socket's reason."""
+    return handshake_failure(exc) or str(exc.strerror or exc)
+
+
 class Connections:
     """Idle kept-alive connections per endpoint ("host:port"), shared by threads: a thread
-    takes one for a request and puts it back after a whole answer. Thread-safe."""
+    takes one for a request and puts it back after a whole answer. Thread-safe. With a TLS
+    context, https: the handshake is part of connecting, so a certificate refused on either
+    side is NotSent (no request left)."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, tls: ssl.SSLContext | None = None) -> None:
         self.timeout = timeout
+        self.tls = tls
         self._idle: dict[str, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
         self.closed = False
 
-    def post(self, endpoint: str, path: str, body: bytes) -> Answer:
-        """POST `body` (JSON) to http://endpoint/path. Raises NotSent or NoAnswer."""
+    def post(self, endpoint: str, path: str, body: bytes, token: str = "") -> Answer:
+        """POST `body` (JSON) to http(s)://endpoint/path, with an auth token if one is given.
+        Raises NotSent or NoAnswer."""
         conn = self._take(endpoint)
+        fresh = conn is None
         if conn is None:
-            where = urlsplit(f"//{endpoint}")  # "[::1]:2379" too
-            host = where.hostname or endpoint
-            conn = http.client.HTTPConnection(host, where.port, timeout=self.timeout)
-            try:
-                conn.connect()
-            except TimeoutError:
-                conn.close()
-                raise NotSent(f"{endpoint}: no connection within {self.timeout:g} s") from None
-            except OSError as exc:
-                conn.close()
-                raise NotSent(f"{endpoint}: {exc.strerror or exc}") from None
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = self._connect(endpoint)
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = token
         try:
-            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            conn.request("POST", path, body, headers)
             response = conn.getresponse()
             data = response.read()
         except TimeoutError:
@@ -83,12 +95,39 @@ class Connections:
             raise NoAnswer(f"{endpoint}: no answer within {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
+            refused = handshake_failure(exc) if fresh else None
+            if refused is not None:
+                # TLS 1.3 tells the client its certificate was refused only at the first read:
+                # the server took no request on that connection.
+                raise NotSent(f"{endpoint}: {refused}") from None
             raise NoAnswer(f"{endpoint}: {type(exc).__name__} {exc}".strip()) from None
         if response.will_close:
             conn.close()
         else:
             self._put(endpoint, conn)
         return Answer(response.status, data, response.getheader("date"))
+
+    def _connect(self, endpoint: str) -> http.client.HTTPConnection:
+        """A new connection (TLS handshake done), or NotSent."""
+        where = urlsplit(f"//{endpoint}")  # "[::1]:2379" too
+        host = where.hostname or endpoint
+        conn: http.client.HTTPConnection
+        if self.tls is not None:
+            conn = http.client.HTTPSConnection(
+                host, where.port, timeout=self.timeout, context=self.tls
+            )
+        else:
+            conn = http.client.HTTPConnection(host, where.port, timeout=self.timeout)
+        try:
+            conn.connect()
+        except TimeoutError:
+            conn.close()
+            raise NotSent(f"{endpoint}: no connection within {self.timeout:g} s") from None
+        except OSError as exc:
+            conn.close()
+            raise NotSent(f"{endpoint}: {_failure(exc)}") from None
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
 
     def _take(self, endpoint: str) -> http.client.HTTPConnection | None:
         """An idle connection the server has not closed, or None."""
@@ -170,28 +209,59 @@ class EtcdError(Exception):
     """etcd answered with an error."""
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """An etcd RBAC user and its password (never shown: not in repr)."""
+
+    user: str
+    password: str = field(repr=False)
+
+
+#: etcd's errors that mean "authenticate again": the token expired or was dropped (a member
+#: restart, a password change), the auth store moved on since it was issued, or none was sent.
+_STALE_TOKEN = ("invalid auth token", "revision of auth store is old", "user name is empty")
+_BAD_PASSWORD = "authentication failed"
+_DENIED = "permission denied"
+
+
 class EtcdClient(ForkAware):
     """The HTTP side of one etcd URL, shared by its engine's lease store and cells: endpoints
     tried in turn, one pool of connections (thread-safe), the store's identity under the
     prefix."""
 
     def __init__(
-        self, endpoints: list[str], prefix: str, display_url: str, *, timeout: float
+        self,
+        endpoints: list[str],
+        prefix: str,
+        display_url: str,
+        *,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
+        credentials: Credentials | None = None,
+        client_cert: bool = False,
     ) -> None:
         self.display_url = display_url
         self.prefix = prefix
         self.timeout = timeout
         self._endpoints = endpoints
-        self._client = Connections(timeout)
+        self._tls = tls
+        self._client_cert = client_cert  # the URL gives one (else a refused handshake may want it)
+        self._credentials = credentials
+        # etcd's auth token: None until authenticated, "" when etcd has auth off
+        self._token: str | None = None
+        self._client = Connections(timeout, tls)
         self._lock = threading.Lock()
+        self._auth_lock = threading.Lock()  # one authentication at a time
         self._answered = threading.local()  # date_ms: the Date of this thread's last answer
         self._watch_fork()
 
     def _after_fork(self) -> None:
         # The parent's pooled sockets are not the child's: an answer could go to either.
+        # (The token is the user's, not the connection's: the child keeps it.)
         orphan(self._client)
-        self._client = Connections(self.timeout)
+        self._client = Connections(self.timeout, self._tls)
         self._lock = threading.Lock()
+        self._auth_lock = threading.Lock()
         self._answered = threading.local()
 
     def _http(self) -> Connections:
@@ -199,10 +269,43 @@ class EtcdClient(ForkAware):
         self._check_fork()
         with self._lock:
             if self._client.closed:
-                self._client = Connections(self.timeout)
+                self._client = Connections(self.timeout, self._tls)
             return self._client
 
     def call(self, path: str, body: Json) -> Json:
+        """POST to the first endpoint that can be connected to, authenticated when the URL
+        has a user; an etcd error is raised."""
+        if self._credentials is None:
+            return self._post(path, body, "")
+        token = self._token if self._token is not None else self._authenticate(None)
+        try:
+            return self._post(path, body, token)
+        except EtcdError as exc:
+            if not any(why in str(exc) for why in _STALE_TOKEN):
+                raise
+        # Refused for its token, so not applied: safe to send again with a new one.
+        return self._post(path, body, self._authenticate(token))
+
+    def _authenticate(self, stale: str | None) -> str:
+        """A token for the URL's user: the one another thread got meanwhile, if it replaced
+        `stale`, else a new one. StoreUnavailable naming the store for a wrong password."""
+        credentials = self._credentials
+        assert credentials is not None
+        with self._auth_lock:
+            if self._token is not None and self._token != stale:
+                return self._token
+            body = {"name": credentials.user, "password": credentials.password}
+            try:
+                answer = self._post("auth/authenticate", body, "")
+            except EtcdError as exc:
+                if "authentication is not enabled" not in str(exc):
+                    raise self.unavailable(str(exc)) from None
+                # an open etcd: no token, until one turns auth on ("user name is empty")
+                answer = {"token": ""}
+            self._token = str(answer.get("token", ""))
+            return self._token
+
+    def _post(self, path: str, body: Json, token: str) -> Json:
         """POST to the first endpoint that can be connected to; an etcd error is raised."""
         client = self._http()
         problems: list[str] = []
@@ -211,7 +314,7 @@ class EtcdClient(ForkAware):
         data = json.dumps(body).encode()
         for endpoint in endpoints:
             try:
-                r = client.post(endpoint, f"/v3/{path}", data)
+                r = client.post(endpoint, f"/v3/{path}", data, token)
             except NotSent as exc:  # the next endpoint may answer
                 problems.append(str(exc))
                 continue
@@ -241,7 +344,28 @@ class EtcdClient(ForkAware):
         raise self.unavailable("; ".join(problems))
 
     def unavailable(self, why: str) -> StoreUnavailable:
+        """StoreUnavailable naming the store, saying in one line what to do about a refusal."""
         why = " ".join(why.split())
+        user = self._credentials.user if self._credentials else None
+        if _BAD_PASSWORD in why:
+            why = f"authentication failed: wrong user name or password for etcd user {user!r}"
+        elif _DENIED in why:
+            who = f"etcd user {user!r}" if user else "a client without a user (add user:password@)"
+            why = (
+                f"permission denied: {who} needs a role with readwrite on the keys under "
+                f"{self.prefix + '/'!r} (docs/stores.md, etcd, Locked down)"
+            )
+        elif any(stale in why for stale in _STALE_TOKEN[2:]):
+            why = "etcd has authentication on: give user:password@ in the URL"
+        elif "TLS: the handshake failed" in why and self._tls and not self._client_cert:
+            why += " (does etcd want a client certificate? cert=PATH&key=PATH)"
+        elif "CommonName of client" in why:
+            # etcd 3.4.10+: with auth on, its JSON gateway (which idmint speaks) refuses a
+            # client certificate with a CN, which only its gRPC API would take for the user
+            why = (
+                "etcd refuses a client certificate with a CommonName on its JSON gateway while "
+                "auth is on: use one without (docs/stores.md, etcd, Locked down)"
+            )
         return StoreUnavailable(f"store {self.display_url} unavailable: {why}")
 
     def txn(

@@ -1,5 +1,8 @@
 """Worker-id leases and compare-and-set cells (hence segment keys, see over_cas/ranges.py) on
-ZooKeeper: `zk://host:port[,host:port...]/chroot` (chroot: /idmint).
+ZooKeeper: `zk://[user:password@]host:port[,host:port...][/chroot][?ca=PATH&cert=PATH&key=PATH]`
+(chroot: /idmint). A user and password: digest authentication, and an ACL on every node idmint
+creates that lets that user alone near it (session.py). `ca`, `cert`, `key` (or `tls=1`, the
+system's CAs): TLS, to the servers' `secureClientPort` (stores/tls.py).
 
 Worker ids as Leaf does them with ZooKeeper, but fenced: lease, reservation and horizon nodes
 under the chroot's `w/`, `s/` and `h/` (see leases.py). Also under the chroot: `meta`, the
@@ -28,15 +31,17 @@ cells and opens the engine.
 from __future__ import annotations
 
 import re
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 from ..._errors import InvalidArgument, StoreUnavailable
+from .._urls import ENCODE_HINT, misplaced_at
 from ..base import StoreIdentity
 from ..engine import Engine
 from ..over_cas.quorum import CasQuorumNode
 from ..over_cas.ranges import CasRangeStore
+from ..tls import TLS_PARAMS, tls_settings
 from .leases import ZooKeeperLeaseStore
-from .session import Kazoo, Session, SharedSession, load_kazoo, store_identity
+from .session import Kazoo, Session, SharedSession, Target, load_kazoo, store_identity
 
 DEFAULT_CHROOT = "/idmint"
 
@@ -134,39 +139,62 @@ class ZooKeeperCasStore:
         self._shared.close()
 
 
-def _parse_url(url: str, display: str) -> tuple[str, str]:
-    """(kazoo hosts string, chroot) of a zk:// URL."""
-    bad = InvalidArgument(
-        f"bad store URL {display!r}: expected zk://host:port[,host:port...][/chroot]"
-    )
+_FORM = "zk://[user:password@]host:port[,host:port...][/chroot][?ca=&cert=&key=&tls=1]"
+
+
+def _parse_url(url: str, display: str, kz: Kazoo) -> tuple[Target, str]:
+    """(the servers and how to reach them, chroot) of a zk:// URL."""
+
+    def bad(why: str = f"expected {_FORM}") -> InvalidArgument:
+        return InvalidArgument(f"bad store URL {display!r}: {why}")
+
+    if misplaced_at(url):
+        raise bad(ENCODE_HINT)
     rest = url.split("://", 1)[1]
+    userinfo, at, after = rest.rpartition("@")
+    rest, _, query_text = after.partition("?")
     hosts, _, path = rest.partition("/")
-    if not hosts or any(c in rest for c in "?#@"):
-        raise bad
+    if not hosts or "#" in after:
+        raise bad()
     for host in hosts.split(","):
         match = _HOST.fullmatch(host)
         if not match or (match.group(2) and not 0 < int(match.group(2)[1:]) < 65536):
-            raise bad
+            raise bad()
     path = path.rstrip("/")
     parts = path.split("/") if path else []
     if any(not _PATH_PART.fullmatch(p) or p in (".", "..") for p in parts):
-        raise bad
-    return hosts, ("/" + path) if path else DEFAULT_CHROOT
+        raise bad()
+    query = dict(parse_qsl(query_text, keep_blank_values=True))
+    unknown = sorted(set(query) - TLS_PARAMS)
+    if unknown:
+        raise bad(f"unknown parameter {unknown[0]!r} (only {', '.join(sorted(TLS_PARAMS))})")
+    tls = tls_settings(query, display)
+    # Files are read now: one that cannot be used is a bad URL, not a failed call.
+    context = tls.context(display) if tls is not None else None
+    target = Target(hosts, tls=tls, context=context)
+    if at:
+        user, _, password = (unquote(piece) for piece in userinfo.partition(":"))
+        if not user or ":" in user:
+            # a digest identity is "user:password": the user holds no ":"
+            raise bad("digest authentication needs a user name without ':' (zk://user:pw@...)")
+        acl = [kz.digest_acl(user, password, all=True)]
+        target = Target(hosts, user, password, tls, acl, context)
+    return target, ("/" + path) if path else DEFAULT_CHROOT
 
 
 def open_zookeeper_engine(url: str, display: str, *, timeout: float) -> Engine:
     """The zookeeper engine of a URL: segment keys (over CAS), worker leases and
     compare-and-set cells, sharing one session (leases add one each). The URL is checked and
     kazoo imported here; no I/O until the first call."""
-    hosts, chroot = _parse_url(url, display)
     kz = load_kazoo()
-    shared = SharedSession(kz, hosts, display, timeout)
+    target, chroot = _parse_url(url, display, kz)
+    shared = SharedSession(kz, target, display, timeout)
     return Engine(
         "zookeeper",
         display,
         {
             "ranges": lambda engine: CasRangeStore(engine.cas()),
-            "leases": lambda _: ZooKeeperLeaseStore(kz, hosts, chroot, display, timeout, shared),
+            "leases": lambda _: ZooKeeperLeaseStore(kz, target, chroot, display, timeout, shared),
             "cas": lambda _: ZooKeeperCasStore(kz, shared, chroot, display),
             "quorum": lambda engine: CasQuorumNode(engine.cas()),
         },

@@ -26,7 +26,7 @@ from ..._fork import ForkAware, orphan
 from ...ids import check_key_name, is_digits
 from ..base import Lease, StoreIdentity, WorkerInfo
 from ..lease_protocol import LOST, FencedLeases, Found, Request, Taken
-from .session import Kazoo, Session, SessionGone, SharedSession, store_identity
+from .session import Kazoo, Session, SessionGone, SharedSession, Target, store_identity
 
 PREFERENCE_LOOKS = 32  # free ids whose horizon acquire reads (a round trip each) to prefer one
 
@@ -144,14 +144,14 @@ class ZooKeeperLeaseStore(ForkAware, FencedLeases):
     def __init__(
         self,
         kz: Kazoo,
-        hosts: str,
+        target: Target,
         chroot: str,
         display_url: str,
         timeout: float,
         shared: SharedSession,
     ) -> None:
         self.display_url = display_url
-        self._kz, self._hosts, self._root, self._timeout = kz, hosts, chroot, timeout
+        self._kz, self._target, self._root, self._timeout = kz, target, chroot, timeout
         self._shared_session = shared
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()  # guards _held
@@ -165,7 +165,7 @@ class ZooKeeperLeaseStore(ForkAware, FencedLeases):
         self._lock = threading.Lock()
 
     def _session(self, session_timeout: float) -> Session:
-        session = Session(self._kz, self._hosts, self.display_url, session_timeout, self._timeout)
+        session = Session(self._kz, self._target, self.display_url, session_timeout, self._timeout)
         session.start()
         return session
 

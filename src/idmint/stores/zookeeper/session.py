@@ -1,22 +1,33 @@
 """ZooKeeper sessions for the zookeeper engine: `Session` (one KazooClient, every call bounded
 by the store timeout), `SharedSession` (the engine's one session that holds no ephemeral nodes:
-the cells' and the lease store's reads), the store's identity node, and the parts of kazoo used
-(imported only when a zk:// store is opened)."""
+the cells' and the lease store's reads), the store's identity node, the parts of kazoo used
+(imported only when a zk:// store is opened), and `Target`: the servers and how to reach them
+(digest credentials, TLS), which every session of an engine shares.
+
+Locked down (issue 33): a session with a user adds its digest credentials when it connects, and
+every node idmint creates (parents made on the way too) gets one ACL entry, that user with all
+permissions: no other client, anonymous or not, can read, change or delete it. ZooKeeper checks
+no digest password when a session adds it (it only names an identity), so a wrong password shows
+as NoAuth on the first node it touches, said so in the message.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import socket
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..._errors import DriverMissing, StoreUnavailable
 from ..._fork import ForkAware, orphan
 from ..base import StoreIdentity
+from ..tls import TlsSettings, handshake_failure
 
 SHARED_SESSION_TIMEOUT = 10.0  # seconds; the shared client holds no ephemeral nodes
 
@@ -31,6 +42,35 @@ class Kazoo:
     bad_version: type[Exception]
     session_gone: type[Exception]  # SessionExpiredError, also ConnectionClosedError
     error: type[Exception]  # KazooException
+    no_auth: type[Exception]  # NoAuthError: the node's ACL refuses this session
+    digest_acl: Callable[..., Any]  # kazoo.security.make_digest_acl
+    tls_handler: Callable[[ssl.SSLContext], Any]  # a kazoo handler connecting with a context
+
+
+@dataclass(frozen=True)
+class Target:
+    """The servers (kazoo's hosts string), the digest user and password, and TLS: what every
+    session of one engine connects with. The password and the ACL (its hash) show in no repr."""
+
+    hosts: str
+    user: str | None = None
+    password: str = field(default="", repr=False)
+    tls: TlsSettings | None = None
+    acl: list[Any] | None = field(default=None, repr=False)
+    context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+
+    def client_args(self, kz: Kazoo) -> dict[str, Any]:
+        """KazooClient's arguments for this target."""
+        args: dict[str, Any] = {"hosts": self.hosts}
+        if self.user is not None:
+            args["auth_data"] = [("digest", f"{self.user}:{self.password}")]
+            args["default_acl"] = self.acl  # create() and makepath's parents both use it
+        if self.context is not None:
+            # kazoo's own TLS builds a context per connection that trusts the system's CAs
+            # on top of `ca` (and spends ~20 ms of CPU loading them, a lease's session each);
+            # this handler connects with the engine's one context, which trusts `ca` alone.
+            args.update(use_ssl=True, handler=kz.tls_handler(self.context))
+        return args
 
 
 class SessionGone(StoreUnavailable):
@@ -38,13 +78,23 @@ class SessionGone(StoreUnavailable):
 
 
 class _SessionLog(logging.LoggerAdapter[logging.Logger]):
-    """kazoo logs the session timeout the server negotiated, and keeps it nowhere else."""
+    """kazoo logs the session timeout the server negotiated, and keeps it nowhere else; and
+    why a connection failed (a refused certificate), which it retries without telling."""
 
     negotiated_ms: int | None = None
+    tls_failure: str | None = None  # the last connection's TLS failure, in a line
+    tls_failures = 0  # connections in a row that failed TLS (a server's certificate, ours)
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if isinstance(msg, str) and msg.startswith("Session created") and len(args) >= 3:
             self.negotiated_ms = int(str(args[2]))
+        if isinstance(msg, str) and msg.startswith("Connection dropped") and args:
+            dropped = args[0]
+            # kazoo's ConnectionDropped, raised while handling the ssl module's error
+            if isinstance(dropped, BaseException):
+                failure = handshake_failure(dropped)
+                self.tls_failure = failure or self.tls_failure
+                self.tls_failures = self.tls_failures + 1 if failure else 0
         super().log(level, msg, *args, **kwargs)
 
 
@@ -52,11 +102,17 @@ class Session:
     """One KazooClient, hence one ZooKeeper session; every call bounded by `timeout`."""
 
     def __init__(
-        self, kz: Kazoo, hosts: str, display: str, session_timeout: float, timeout: float
+        self, kz: Kazoo, target: Target, display: str, session_timeout: float, timeout: float
     ) -> None:
         self._kz, self._display, self._timeout = kz, display, timeout
+        self._user = target.user
+        self._servers = target.hosts.count(",") + 1
+        # a refused handshake may mean the server wants a client certificate the URL lacks
+        self._cert_hint = target.tls is not None and target.tls.cert is None
         self._log = _SessionLog(logging.getLogger("kazoo.client"))
-        self._client = kz.client(hosts=hosts, timeout=session_timeout, logger=self._log)
+        self._client = kz.client(
+            **target.client_args(kz), timeout=session_timeout, logger=self._log
+        )
         self.session_timeout = session_timeout
         self.session_id = 0
         self._stalled = False  # a call got no answer in time: stop() does not wait on it again
@@ -68,17 +124,32 @@ class Session:
         # Not KazooClient.start(timeout): after its timeout it stops the client and waits for
         # the connection thread, up to max(10 s, the session timeout) on a frozen server.
         try:
-            connected = self._client.start_async().wait(timeout=self._timeout)
+            connected = self._wait_connected(self._client.start_async())
         except Exception as exc:
             self.stop()
             raise self._unavailable(f"cannot connect ({type(exc).__name__})") from exc
         if not (connected and self._client.connected):
             self._stalled = True
             self.stop()
-            raise self._unavailable(f"no connection within {self._timeout:g} s")
+            why = self._log.tls_failure or f"no connection within {self._timeout:g} s"
+            if self._log.tls_failure and self._cert_hint:
+                why += " (does ZooKeeper want a client certificate? cert=PATH&key=PATH)"
+            raise self._unavailable(why)
         self.session_id = int(self._client.client_id[0])
         if self._log.negotiated_ms is not None:
             self.session_timeout = self._log.negotiated_ms / 1000
+
+    def _wait_connected(self, event: Any) -> bool:
+        """Whether the session connected within the timeout; given up sooner once every
+        server has refused TLS (kazoo would go on trying for as long: a certificate does not
+        get better; a single server whose certificate fails still leaves the others)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            if event.wait(timeout=max(0.0, min(left, 0.05))):
+                return True
+            if left <= 0 or self._log.tls_failures >= self._servers:
+                return False
 
     def state(self) -> str:
         """CONNECTED, SUSPENDED (connection lost, session maybe alive) or LOST (session gone).
@@ -111,6 +182,12 @@ class Session:
             raise
         except kz.session_gone as exc:
             raise SessionGone(f"store {self._display} unavailable: session ended") from exc
+        except kz.no_auth as exc:
+            who = f"ZooKeeper user {self._user!r}" if self._user else "a client without a user"
+            raise self._unavailable(
+                f"permission denied: the node's ACL does not let {who} do this (a wrong "
+                "password is another digest identity; docs/stores.md, ZooKeeper, Locked down)"
+            ) from exc
         except kz.error as exc:
             raise self._unavailable(type(exc).__name__) from exc
         except self._client.handler.timeout_exception as exc:
@@ -216,8 +293,8 @@ class SharedSession(ForkAware):
     opens another. kazoo reconnects it by itself, to a new session if the old one expired,
     which is fine for what it does: nothing it made dies with it."""
 
-    def __init__(self, kz: Kazoo, hosts: str, display_url: str, timeout: float) -> None:
-        self._kz, self._hosts, self._display, self._timeout = kz, hosts, display_url, timeout
+    def __init__(self, kz: Kazoo, target: Target, display_url: str, timeout: float) -> None:
+        self._kz, self._target, self._display, self._timeout = kz, target, display_url, timeout
         self._session: Session | None = None
         self._lock = threading.Lock()
         self._watch_fork()
@@ -234,7 +311,7 @@ class SharedSession(ForkAware):
         with self._lock:
             if self._session is None:
                 session = Session(
-                    self._kz, self._hosts, self._display, SHARED_SESSION_TIMEOUT, self._timeout
+                    self._kz, self._target, self._display, SHARED_SESSION_TIMEOUT, self._timeout
                 )
                 session.start()
                 self._session = session
@@ -265,6 +342,8 @@ def load_kazoo() -> Kazoo:
     try:
         from kazoo import exceptions
         from kazoo.client import KazooClient
+        from kazoo.handlers.threading import SequentialThreadingHandler
+        from kazoo.security import make_digest_acl
     except ImportError:
         raise DriverMissing("zk:// stores need kazoo: pip install 'idmint[zookeeper]'") from None
     return Kazoo(
@@ -274,4 +353,35 @@ def load_kazoo() -> Kazoo:
         bad_version=exceptions.BadVersionError,
         session_gone=exceptions.SessionExpiredError,
         error=exceptions.KazooException,
+        no_auth=exceptions.NoAuthError,
+        digest_acl=make_digest_acl,
+        tls_handler=_tls_handler(SequentialThreadingHandler),
     )
+
+
+def _tls_handler(base: type[Any]) -> Callable[[ssl.SSLContext], Any]:
+    """A maker of kazoo handlers (`base`'s subclass) whose connections are TLS with a given
+    context: the server's certificate and name verified as the context says (stores/tls.py)."""
+
+    class TlsHandler(base):  # type: ignore[misc]
+        def __init__(self, context: ssl.SSLContext) -> None:
+            super().__init__()
+            self._context = context
+
+        def create_connection(
+            self,
+            address: tuple[str, int],
+            hostname: str | None = None,
+            timeout: float | None = None,
+            **_kazoo_tls: Any,  # kazoo's own TLS settings: this context replaces them
+        ) -> ssl.SSLSocket:
+            sock = socket.create_connection(address, timeout)
+            try:
+                tls = self._context.wrap_socket(sock, server_hostname=hostname or address[0])
+            except BaseException:
+                sock.close()
+                raise
+            tls.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return tls
+
+    return TlsHandler
