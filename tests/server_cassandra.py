@@ -16,6 +16,16 @@ The commit log is synced in batch mode, as docs/stores.md tells users to: a writ
 acknowledged once it is on disk, so a killed node keeps every write it acknowledged.
 
 Tests share one node; each store gets a keyspace of its own from `store_url(name)`.
+
+Locked down (issue 33): Cassandra 2.1 cannot take TLS and plain clients on one port (its
+`client_encryption_options` has no `optional`, which came in 4.0, nor a second native port,
+3.0), and PasswordAuthenticator would ask every client of the shared node for a password. So
+the session node's `locked_store_url(name)` starts, on first use, a second node of its own
+(`locked=True`): TLS only, with client certificates required (a keystore and a truststore
+made from tests/certs.py's PEM files with openssl and keytool), PasswordAuthenticator and
+CassandraAuthorizer. Each name gets there a keyspace an administrator (the superuser) made
+with `idmint init`, and a user with docs/stores.md's grant on it, SELECT and MODIFY. That
+costs one more JVM start (~10 s, 256 MB heap), only in runs that use it.
 """
 
 from __future__ import annotations
@@ -49,6 +59,15 @@ from servers import (
 __all__ = ["CassandraCluster", "CassandraServer", "find_cassandra_home", "find_java_home"]
 
 VERSION_DIR = "apache-cassandra-2.1.0"
+
+#: The password of every user a locked node's tests make (see `_cheap_login`).
+USER_PASSWORD = "locked-Down-33"
+# bcrypt hashes of the superuser's password and USER_PASSWORD at 2^4 rounds, made once with
+# the jbcrypt of Cassandra's lib/ (BCrypt.hashpw(password, BCrypt.gensalt(4))).
+_CHEAP_HASHES = {
+    "cassandra": "$2a$04$CAn6v8Xqst9XK7lqkCPI/O2QaqPDPj/Sm2M47RWFKykavTTmALmii",
+    USER_PASSWORD: "$2a$04$hREXKjn5ZLqCfsrHC1IIE.oSmkWfVAKzzNnHxw5d862VQUk/26QNK",
+}
 _KEYSPACE_CHARS = re.compile(r"[^a-z0-9_]")
 
 ENV_SH = """\
@@ -251,6 +270,8 @@ class CassandraServer(Pausable):
     def __init__(
         self,
         *,
+        locked: bool = False,
+        server_cert: Path | None = None,
         startup_timeout: float = 90.0,
         heap: str = "384M",
         newgen: str = "96M",
@@ -262,6 +283,15 @@ class CassandraServer(Pausable):
         certs: Certs | None = None,
     ) -> None:
         self.certs = certs  # TLS and auth for locked-down clients (issue 33)
+        # `locked`: this node itself takes TLS clients only, with a password (see the module
+        # doc); `server_cert`: the certificate it shows them (certs.expired_cert, say).
+        self.locked, self.server_cert = locked, server_cert
+        self._locked_node: CassandraServer | None = None  # the shared node's locked companion
+        self._lock = threading.Lock()
+        self._admin: Any = None  # a locked node's superuser Cluster, kept for `execute`
+        self._admin_session: Any = None
+        if locked and certs is None:
+            raise ValueError("a locked node needs certs")
         # A node of a cluster (CassandraCluster) has its own loopback address, a datacenter,
         # the cluster's seeds, and the cluster's ports (CQL, storage, SSL storage, Thrift).
         self.host, self.dc, self.seeds, self._shared_ports = host, dc, seeds or (host,), ports
@@ -306,11 +336,60 @@ class CassandraServer(Pausable):
             text, found = re.subn(rf"(?m)^{name}:.*$", f"{name}: {value}", text)
             if not found:
                 text += f"{name}: {value}\n"
+        env_sh = ENV_SH
+        if self.locked:
+            text = self._lock_down(text, conf)
+            # the default superuser (cassandra/cassandra) at once, not 10 s after the start
+            env_sh += 'JVM_OPTS="$JVM_OPTS -Dcassandra.superuser_setup_delay_ms=0"\n'
         (conf / "cassandra.yaml").write_text(text)
-        (conf / "cassandra-env.sh").write_text(ENV_SH)
+        (conf / "cassandra-env.sh").write_text(env_sh)
         (conf / "logback.xml").write_text(LOGBACK_XML.format(log_dir=self.base_dir / "logs"))
         if self.dc is not None:
             (conf / "cassandra-rackdc.properties").write_text(f"dc={self.dc}\nrack=rack1\n")
+
+    def _lock_down(self, text: str, conf: Path) -> str:
+        """cassandra.yaml with TLS (client certificates required), passwords and permissions."""
+        assert self.certs is not None
+        c = self.certs
+        cert = self.server_cert or c.server_cert
+        key = c.expired_key if cert == c.expired_cert else c.server_key
+        keystore, truststore = conf / "keystore.p12", conf / "truststore.p12"
+        for path in (keystore, truststore):
+            path.unlink(missing_ok=True)
+        keytool = str(self.java_home / "bin" / "keytool")
+        for argv in (
+            [
+                *("openssl", "pkcs12", "-export", "-in", str(cert), "-inkey", str(key)),
+                *("-name", "node", "-out", str(keystore), "-passout", "pass:cassandra"),
+            ],
+            [
+                *(keytool, "-importcert", "-noprompt", "-alias", "ca", "-file", str(c.ca)),
+                *("-keystore", str(truststore), "-storetype", "PKCS12", "-storepass", "cassandra"),
+            ],
+        ):
+            subprocess.run(argv, check=True, capture_output=True, timeout=60)
+        text = text.replace(
+            "authenticator: AllowAllAuthenticator", "authenticator: PasswordAuthenticator"
+        )
+        text = text.replace("authorizer: AllowAllAuthorizer", "authorizer: CassandraAuthorizer")
+        start = text.index("client_encryption_options:")
+        end = text.index("internode_compression:")
+        # TLS 1.2: Cassandra 2.1's netty (4.0.20) predates TLS 1.3, which Java 17 would offer.
+        # The keys are EC: ECDHE-ECDSA suites (2.1's own default list has none).
+        block = f"""client_encryption_options:
+    enabled: true
+    keystore: {keystore}
+    keystore_password: cassandra
+    require_client_auth: true
+    truststore: {truststore}
+    truststore_password: cassandra
+    store_type: PKCS12
+    protocol: TLSv1.2
+    cipher_suites:
+        - TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        - TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+"""
+        return text[:start] + block + text[end:]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -458,6 +537,12 @@ class CassandraServer(Pausable):
         return self._proc is not None and self._proc.poll() is None
 
     def close(self) -> None:
+        locked, self._locked_node = self._locked_node, None
+        if locked is not None:
+            locked.close()
+        admin, self._admin, self._admin_session = self._admin, None, None
+        if admin is not None:
+            admin.shutdown()
         try:
             self.stop()
         finally:
@@ -474,11 +559,118 @@ class CassandraServer(Pausable):
         """A cassandra:// URL to a keyspace of its own, named after `name` (made on first use)."""
         return f"cassandra://{self.host}:{self.port}/{keyspace_name(name)}"
 
+    # -- locked down (issue 33) ---------------------------------------------------------------
+
+    def locked_node(self) -> CassandraServer:
+        """The locked-down companion of this node, started on first use (see the module doc)."""
+        if self._locked_node is None:
+            node = CassandraServer(locked=True, certs=self.certs, heap="256M", newgen="64M")
+            try:
+                node.start()
+                # The superuser is made a moment after the port opens.
+                wait_until(node._superuser_ready, 60, "the locked node's superuser", interval=0.3)
+                node._cheap_login("cassandra", "cassandra")
+            except BaseException:
+                node.close()
+                raise
+            self._locked_node = node
+        return self._locked_node
+
+    def _superuser_ready(self) -> bool:
+        try:
+            self.execute("SELECT * FROM system.local")
+        except Exception:  # not made yet: Bad credentials
+            return False
+        return True
+
+    def tls_url(
+        self, keyspace: str, user: str, password: str, *, ca: Path | None = None, cert: bool = True
+    ) -> str:
+        """A cassandra:// URL over TLS to this (locked) node as `user`; `ca`: the CA to trust
+        (the test CA by default); `cert`: present the client certificate."""
+        assert self.certs is not None
+        c = self.certs
+        query = f"ca={ca or c.ca}" + (f"&cert={c.client_cert}&key={c.client_key}" if cert else "")
+        return f"cassandra://{user}:{password}@{self.host}:{self.port}/{keyspace}?{query}"
+
+    def admin_url(self, keyspace: str) -> str:
+        """As the superuser: what an administrator runs `idmint init` with."""
+        return self.tls_url(keyspace, "cassandra", "cassandra")
+
+    def _cheap_login(self, user: str, password: str) -> None:
+        """`user`'s password hashed at 2^4 bcrypt rounds rather than 2.1's fixed 2^10: the node
+        checks the hash on every connection's login, which took up to half a second on the
+        test machine's two busy cores, and idmint connects within its 2 s default timeout
+        (a control connection and a pool, each a TLS handshake and a login). The rounds are
+        read from the hash, so the node checks it as any other."""
+        self.execute(
+            "UPDATE system_auth.credentials SET salted_hash = %s WHERE username = %s",
+            (_CHEAP_HASHES[password], user),
+        )
+
+    def make_user(self, name: str, grants: tuple[str, ...], keyspace: str) -> str:
+        """A user `name` (no superuser) given `grants` on `keyspace` (SELECT, MODIFY,
+        CREATE...); its password, USER_PASSWORD (a test server's: see `_cheap_login`)."""
+        self.execute(f"CREATE USER {name} WITH PASSWORD '{USER_PASSWORD}' NOSUPERUSER")
+        self._cheap_login(name, USER_PASSWORD)
+        for grant in grants:
+            self.execute(f"GRANT {grant} ON KEYSPACE {keyspace} TO {name}")
+        return USER_PASSWORD
+
+    def admin_init(self, keyspace: str) -> None:
+        """What `idmint init` does as an administrator (the keyspace and idmint's tables, by
+        idmint's own code), on this locked node's superuser session: a new driver Cluster
+        (a TLS handshake, a login, the schema's metadata) took a second or two each on the
+        busy test machine, for each of the contract suites' stores."""
+        from idmint.stores.cassandra import parse_url
+        from idmint.stores.cassandra.connection import Connection, import_driver
+
+        url = self.admin_url(keyspace)
+        self.execute("SELECT now() FROM system.local")  # the superuser's session is open
+        conn = Connection(parse_url(url, "admin"), url, "admin", 30.0, import_driver())
+        with self._lock:
+            conn._make_schema(self._admin, self._admin_session, force=False)
+
+    def locked_store_url(self, name: str) -> str:
+        """A fresh keyspace on the locked node, made (with its tables) by an administrator
+        with `idmint init`, and reached as a user of its own with docs/stores.md's grant:
+        SELECT and MODIFY on that keyspace, nothing else; over TLS with a client certificate."""
+        from idmint.stores.cassandra.grants import GRANTS
+
+        node = self.locked_node()
+        keyspace = keyspace_name(name)
+        node.admin_init(keyspace)
+        user = keyspace  # CQL user names: as keyspace names, plain words
+        return node.tls_url(keyspace, user, node.make_user(user, GRANTS, keyspace))
+
     def execute(
         self, cql: str, params: tuple[Any, ...] = (), timeout: float = 30.0
     ) -> list[dict[str, Any]]:
         """Run one statement on a connection of its own (for what a test does behind idmint's
-        back: drop a keyspace, read its replication); the rows it returned, as dicts."""
+        back: drop a keyspace, read its replication); the rows it returned, as dicts. On a
+        locked node, as the superuser over one session kept open: each login there costs a
+        TLS handshake and a bcrypt check."""
+        if self.locked:
+            with self._lock:
+                if self._admin_session is None:
+                    cluster = self._cluster(timeout)
+                    try:
+                        self._admin_session = cluster.connect()
+                    except BaseException:  # the superuser is not made yet, say
+                        cluster.shutdown()
+                        raise
+                    self._admin = cluster
+                admin = self._admin_session
+            return list(admin.execute(cql, params or None, timeout=timeout))
+        cluster = self._cluster(timeout)
+        try:
+            rows: list[dict[str, Any]] = list(cluster.connect().execute(cql, params or None))
+            return rows
+        finally:
+            cluster.shutdown()
+
+    def _cluster(self, timeout: float) -> Any:
+        """A driver Cluster for this node (not connected): for `execute`."""
         from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
         from cassandra.policies import WhiteListRoundRobinPolicy
         from cassandra.query import dict_factory
@@ -488,19 +680,28 @@ class CassandraServer(Pausable):
             request_timeout=timeout,
             row_factory=dict_factory,
         )
-        cluster = Cluster(
+        locked: dict[str, Any] = {}
+        if self.locked:  # as the superuser, over TLS with the client certificate
+            from cassandra.auth import PlainTextAuthProvider
+
+            from idmint.stores.tls import TlsSettings
+
+            assert self.certs is not None
+            c = self.certs
+            tls = TlsSettings(str(c.ca), str(c.client_cert), str(c.client_key))
+            locked = {
+                "auth_provider": PlainTextAuthProvider("cassandra", "cassandra"),
+                "ssl_context": tls.context(f"{self.host}:{self.port}"),
+            }
+        return Cluster(
             [self.host],
             port=self.port,
             protocol_version=3,
             execution_profiles={EXEC_PROFILE_DEFAULT: profile},
             connect_timeout=timeout,
             control_connection_timeout=timeout,
+            **locked,
         )
-        try:
-            rows: list[dict[str, Any]] = list(cluster.connect().execute(cql, params or None))
-            return rows
-        finally:
-            cluster.shutdown()
 
 
 class CassandraCluster:

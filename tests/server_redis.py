@@ -3,12 +3,19 @@
 It listens on 127.0.0.1 only and keeps its data in a temporary directory with the append-only
 file fsynced on every write, so `restart()` and `kill()` + `start()` keep every horizon.
 Tests share one server; each gets a private key prefix from `store_url(name)`.
+
+Locked down (issue 33): a server given `certs` also listens with TLS on `tls_port`, where it
+asks every client for a certificate of the test CA (`tls-auth-clients yes`); the plain port and
+its `default` user stay as they are for every other test. `locked_store_url(name)` makes an ACL
+user with exactly the grant docs/stores.md gives (idmint.stores.redis.acl.acl_rule) and returns
+its URL over TLS with the client certificate.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import secrets
 import shutil
 import signal
 import subprocess
@@ -18,6 +25,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import redis
+
+from idmint.stores.redis.acl import acl_rule
 
 from certs import Certs
 from servers import LOOPBACK, Pausable, ServerStartError, free_port, start_all, wait_until
@@ -97,14 +106,18 @@ class RedisServer(_RedisProcess):
         replica_of: tuple[str, int] | None = None,
         diskless_sync_delay: int = 0,
         certs: Certs | None = None,
+        server_cert: Path | None = None,
     ) -> None:
         """`also`: more addresses to listen on (clients cut off apart: harness.Partition).
         `appendfsync`: the append-only file's fsync policy; None: no append-only file (a
         restart then comes back empty). `replica_of`: (host, port) of the primary it follows.
         `diskless_sync_delay`: seconds it waits, as a primary, before a replica's first sync
-        (for more replicas to share it): 0 here, 5 in Redis's own default."""
+        (for more replicas to share it): 0 here, 5 in Redis's own default. `certs`: TLS on
+        `tls_port` too; `server_cert`: the certificate it shows there (certs.expired_cert, say)."""
+        self.server_cert = server_cert
         self.certs = certs  # TLS and auth for locked-down clients (issue 33)
         super().__init__(startup_timeout, host, "idmint-redis-")
+        self.tls_port = free_port() if certs is not None else None
         self.also = also
         self.replica_of = replica_of
         self.appendfsync = appendfsync
@@ -138,6 +151,8 @@ class RedisServer(_RedisProcess):
         ]
         if self.replica_of is not None:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
+        if self.certs is not None and self.tls_port is not None:
+            argv += tls_arguments(self.certs, self.tls_port, cert=self.server_cert)
         self._spawn(argv)
 
     def stop(self) -> None:
@@ -174,6 +189,49 @@ class RedisServer(_RedisProcess):
     def store_url(self, name: str) -> str:
         """A URL to a fresh, private key prefix on this server."""
         return f"redis://{self.host}:{self.port}/0?prefix={name}"
+
+    def make_user(self, name: str, rule: str) -> str:
+        """An ACL user `name` with a new random password and `rule` (ACL SETUSER syntax, its
+        words split on blanks); its password."""
+        password = secrets.token_urlsafe(16)
+        client = self.client()
+        try:
+            cast(Any, client).execute_command(
+                "ACL", "SETUSER", name, "reset", "on", f">{password}", *rule.split()
+            )
+        finally:
+            client.close()
+        return password
+
+    def tls_url(self, name: str, user: str, password: str, *, ca: Path | None = None) -> str:
+        """A redis:// URL over TLS on `tls_port` with the client certificate, as `user`, under
+        the prefix `name`; `ca`: the CA to trust (the test CA by default)."""
+        assert self.certs is not None and self.tls_port is not None, "started without certs"
+        c = self.certs
+        return (
+            f"redis://{user}:{password}@{self.host}:{self.tls_port}/0?prefix={name}"
+            f"&ca={ca or c.ca}&cert={c.client_cert}&key={c.client_key}"
+        )
+
+    def locked_store_url(self, name: str) -> str:
+        """A fresh prefix `name` reached as docs/stores.md's least-privileged user (an ACL user
+        of its own, allowed that prefix's keys and idmint's commands only), over TLS with a
+        client certificate."""
+        return self.tls_url(name, name, self.make_user(name, acl_rule(name)))
+
+
+def tls_arguments(certs: Certs, tls_port: int, *, cert: Path | None = None) -> list[str]:
+    """redis-server's arguments for TLS on `tls_port` next to its plain port: the server's
+    certificate (`cert`, with its key beside it in Certs: the expired one, say), and client
+    certificates of the test CA required there."""
+    key = certs.expired_key if cert == certs.expired_cert else certs.server_key
+    return [
+        *("--tls-port", str(tls_port)),
+        *("--tls-cert-file", str(cert or certs.server_cert)),
+        *("--tls-key-file", str(key)),
+        *("--tls-ca-cert-file", str(certs.ca)),
+        *("--tls-auth-clients", "yes"),
+    ]
 
 
 class SentinelServer(_RedisProcess):

@@ -176,6 +176,7 @@ def test_engines_strategies_and_the_top_layers_keep_their_places() -> None:
     graph = import_graph(sources())
     assert [m for m in graph if engine_of(m) == "redis"] == [
         "idmint.stores.redis",
+        "idmint.stores.redis.acl",
         "idmint.stores.redis.cas",
         "idmint.stores.redis.failover",
         "idmint.stores.redis.leases",

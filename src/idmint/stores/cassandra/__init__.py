@@ -12,7 +12,15 @@ optionally `user:password@`, and the parameters
   points' datacenter;
 - `replication`: for the keyspace idmint makes if it is missing: `3` (SimpleStrategy, 3 replicas)
   or `dc1:3,dc2:3` (NetworkTopologyStrategy); default SimpleStrategy with one replica;
-- `protocol`: the native protocol version, 3 (default: Cassandra 2.1 speaks no later one), 4, 5.
+- `protocol`: the native protocol version, 3 (default: Cassandra 2.1 speaks no later one), 4, 5;
+- `ca`, `cert`, `key`, `tls`: TLS to every node (stores/tls.py): the CA that signed the nodes'
+  certificates, a client certificate and its key (for `require_client_auth`), or `tls=1` for
+  the system's CAs. Each node's certificate and name (its address) are verified.
+
+Locked down (docs/stores.md): the user (PasswordAuthenticator) needs SELECT and MODIFY on the
+keyspace once an administrator made it and its tables (`idmint init` as an admin); CREATE on
+it too to let idmint make its tables. A refused password, a missing permission or a failed
+handshake is a StoreUnavailable that says which, in one line.
 
 Tables, in the keyspace, made on first use and by `init()`:
 
@@ -109,7 +117,9 @@ def open_cassandra_engine(url: str, display: str, *, timeout: float) -> Engine:
     (the URL is checked here, no I/O)."""
     settings = parse_url(url, display)
     driver = import_driver()
-    conn = Connection(settings, url, display, timeout, driver)
+    # Made here: a CA or certificate that cannot be read is an InvalidArgument at once.
+    context = settings.tls.context(display) if settings.tls is not None else None
+    conn = Connection(settings, url, display, timeout, driver, context)
 
     def local_cas(dc: str) -> CassandraCasStore:
         # The same cluster at LOCAL_SERIAL, through the datacenter's own coordinators: cells
@@ -124,7 +134,7 @@ def open_cassandra_engine(url: str, display: str, *, timeout: float) -> Engine:
             )
         local = replace(settings, serial="LOCAL_SERIAL", consistency="LOCAL_QUORUM", dc=dc)
         shown = f"{display} (LOCAL_SERIAL in {local.dc})"
-        return CassandraCasStore(Connection(local, url, shown, timeout, driver))
+        return CassandraCasStore(Connection(local, url, shown, timeout, driver, context))
 
     return Engine(
         "cassandra",

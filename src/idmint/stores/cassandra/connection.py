@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import random
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -20,6 +21,7 @@ from ..._errors import DriverMissing, InvalidArgument, StoreUnavailable
 from ..._fork import ForkAware, orphan
 from .._urls import scrub
 from ..base import StoreIdentity
+from ..tls import handshake_failure
 from .settings import Settings
 
 T = TypeVar("T")
@@ -46,6 +48,8 @@ class Driver:
     read_timeout: type[Exception]
     timed_out: type[Exception]  # the driver's own deadline: OperationTimedOut
     no_host: type[Exception]  # NoHostAvailable: every node the request could go to failed
+    auth_failed: type[Exception]  # AuthenticationFailed: the user or password refused
+    unauthorized: type[Exception]  # Unauthorized: the user lacks a permission
     cas_write_type: int
     errors: tuple[type[BaseException], ...]  # every failure of the store, not of the caller
 
@@ -77,6 +81,8 @@ def import_driver() -> Driver:
         read_timeout=cassandra.ReadTimeout,
         timed_out=cassandra.OperationTimedOut,
         no_host=cassandra.cluster.NoHostAvailable,
+        auth_failed=cassandra.AuthenticationFailed,
+        unauthorized=cassandra.Unauthorized,
         cas_write_type=cassandra.WriteType.CAS,
         errors=(
             cassandra.DriverException,  # timeouts, Unavailable, refused requests
@@ -106,9 +112,16 @@ class Connection(ForkAware):
     or after every capability closed it; thread-safe (the driver's Session is)."""
 
     def __init__(
-        self, settings: Settings, url: str, display: str, timeout: float, driver: Driver
+        self,
+        settings: Settings,
+        url: str,
+        display: str,
+        timeout: float,
+        driver: Driver,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.settings = settings
+        self._ssl_context = ssl_context  # made from settings.tls when the URL was opened
         self.display_url = display
         self.timeout = timeout
         self._url = url
@@ -216,6 +229,10 @@ class Connection(ForkAware):
             port=s.port,
             protocol_version=s.protocol,
             auth_provider=auth,
+            # Verifies each node's certificate and its name: the driver gives the address it
+            # connects to as the name (check_hostname is on), so certificates name the nodes'
+            # addresses (or the rpc_address names they are known by).
+            ssl_context=self._ssl_context,
             execution_profiles={d.cluster.EXEC_PROFILE_DEFAULT: profile},
             connect_timeout=self.timeout,
             control_connection_timeout=self.timeout,
@@ -267,12 +284,13 @@ class Connection(ForkAware):
         """CREATE ... IF NOT EXISTS the keyspace and tables, unless the driver's view of the
         schema has them all; each waits for the nodes to agree on the schema."""
         s = self.settings
+        if force:  # a table or the keyspace was dropped: what is there now, not what was
+            cluster.refresh_schema_metadata()
         keyspace = cluster.metadata.keyspaces.get(s.keyspace)
         tables = ("idmint_cells", "idmint_leases", "idmint_worker_ids", "idmint_meta")
         if not force and keyspace is not None and all(t in keyspace.tables for t in tables):
             return
         statements = [
-            f"CREATE KEYSPACE IF NOT EXISTS {s.keyspace} WITH replication = " + s.replication_cql(),
             f"CREATE TABLE IF NOT EXISTS {self.cells} "
             "(name text PRIMARY KEY, value text, version bigint)",
             f"CREATE TABLE IF NOT EXISTS {self.leases} (namespace text, worker_id int, "
@@ -283,6 +301,12 @@ class Connection(ForkAware):
             f"CREATE TABLE IF NOT EXISTS {self.meta} "
             "(name text PRIMARY KEY, id text, created_ms bigint)",
         ]
+        if keyspace is None:
+            # Only when the driver does not know the keyspace: a user that may not create
+            # keyspaces (docs/stores.md, Locked down: an administrator made it) is refused even
+            # an IF NOT EXISTS of one that exists.
+            make = f"CREATE KEYSPACE IF NOT EXISTS {s.keyspace} WITH replication = "
+            statements.insert(0, make + s.replication_cql())
         for statement in statements:
             answer = session.execute(statement, timeout=max(self.timeout, SCHEMA_TIMEOUT))
             if not answer.response_future.is_schema_agreed:
@@ -429,12 +453,57 @@ class Connection(ForkAware):
                 text = f"a compare-and-set timed out in its Paxos round, outcome unknown ({text})"
             else:
                 text = f"a write timed out; it may have been applied ({text})"
+        elif (refused := self._refusal(exc)) is not None:
+            return StoreUnavailable(f"store {self.display_url} unavailable: {refused}")
         elif isinstance(exc, self._driver.timed_out):
             # A write may have been applied too, but a node that did not answer would not
             # answer the read that tells: the caller reads again later (within one timeout).
             text = f"no answer within {self.timeout:g} s"
         kind = Unsure if unsure else Contended if contended else StoreUnavailable
         return kind(f"store {self.display_url} unavailable: {name}: {scrub(text, self._url)}")
+
+    def _refusal(self, exc: BaseException) -> str | None:
+        """What a TLS, authentication or permission failure means, in a line (None: `exc`
+        is none of them). NoHostAvailable carries each node's error: the first one that is
+        such a failure speaks for them."""
+        found = [exc]
+        errors = getattr(exc, "errors", None) if isinstance(exc, self._driver.no_host) else None
+        # Each node's error by address, except when a session's first pools all failed: then
+        # the driver gives the addresses alone (a list), which say nothing of why.
+        if isinstance(errors, dict):
+            found += list(errors.values())
+        for each in found:
+            tls = handshake_failure(each)
+            if tls is not None:
+                return tls
+            message = _server_message(each)
+            ssl_error = re.search(r"\[SSL: ([A-Z_]+)\]", message)
+            if ssl_error:  # the driver keeps only the text of a handshake the node cut short
+                why = ssl_error.group(1).replace("_", " ").lower()
+                return (
+                    f"TLS: the handshake failed ({why}: a node that requires a client "
+                    "certificate closes it on a client without one, ?cert=&key=)"
+                )
+            if isinstance(each, self._driver.auth_failed):
+                if "requires authentication" in message:
+                    return (
+                        "the cluster requires a user and password (PasswordAuthenticator): "
+                        "give them in the URL (cassandra://user:password@host/keyspace)"
+                    )
+                return f"the cluster refused the URL's user and password ({message})"
+            if isinstance(each, self._driver.unauthorized):
+                return (
+                    f"the URL's user lacks a permission ({message}); grant it what "
+                    "docs/stores.md gives (Cassandra: locked down)"
+                )
+        return None
+
+
+def _server_message(exc: BaseException) -> str:
+    """The server's own words in a driver error (its `message="..."`), else the error's."""
+    text = " ".join(str(exc).split())
+    found = re.search(r'message="([^"]*)"', text)
+    return (found.group(1) if found else text)[:300]
 
 
 class Capability:

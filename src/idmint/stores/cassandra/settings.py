@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ..._errors import InvalidArgument
 from ...ids import is_digits
 from .._urls import ENCODE_HINT, misplaced_at, scrub
+from ..tls import TLS_PARAMS, TlsSettings, tls_settings
 
 DEFAULT_PORT = 9042
 DEFAULT_KEYSPACE = "idmint"
@@ -45,6 +46,8 @@ class Settings:
     protocol: int
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    #: TLS to every node (`?ca=`, `?cert=&key=`, `?tls=1`: stores/tls.py); None: plain
+    tls: TlsSettings | None = None
 
     def replication_cql(self) -> str:
         return "{" + ", ".join(f"'{k}': '{v}'" for k, v in self.replication.items()) + "}"
@@ -96,6 +99,7 @@ def parse_url(url: str, display: str) -> Settings:
         protocol=int(protocol),
         username=username,
         password=password,
+        tls=tls_settings(query, display),
     )
 
 
@@ -103,7 +107,7 @@ def _parameters(
     query: dict[str, str], bad: Callable[[str], InvalidArgument]
 ) -> tuple[str, str, str | None, str]:
     """The URL's serial and consistency levels, datacenter and protocol version, checked."""
-    known = {"serial", "consistency", "dc", "replication", "protocol"}
+    known = {"serial", "consistency", "dc", "replication", "protocol", *TLS_PARAMS}
     unknown = set(query) - known
     if unknown:
         raise bad(f"unknown parameter {sorted(unknown)[0]!r} (known: {', '.join(sorted(known))})")

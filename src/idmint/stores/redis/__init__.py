@@ -6,6 +6,13 @@ by; the user and password are the Redis servers', `sentinel_username` and `senti
 the Sentinels' own). Every new connection asks the Sentinels where the primary is, so the store
 follows a failover; the guard (failover.py) fences it as on any replicated Redis.
 
+TLS (stores/tls.py, one spelling for every engine): `?ca=PATH` (the CA that signed the server's
+certificate), `?cert=PATH&key=PATH` (a client certificate, for `tls-auth-clients`), `?tls=1`
+(the system's CAs); any of them turns TLS on, as `rediss://` does (with the system's CAs unless
+`ca=` says otherwise). Behind Sentinels the same settings hold for the Sentinels and the
+servers. The server's certificate and name are always verified. What idmint's ACL user needs
+is docs/stores.md's "Redis: locked down" (acl.py: the rule, and what a refusal means).
+
 Leases: per (namespace, worker id) two keys, both under the URL's prefix (default "idmint"):
 
     {prefix}:w:{namespace}:{id}   the live lease: the owner string, with a server-side TTL (PX),
@@ -45,6 +52,7 @@ from ..replication import (
     UNSAFE_REPLICATION,
     failover_gap,
 )
+from ..tls import TLS_PARAMS, TlsSettings, tls_settings
 from .cas import RedisCasStore, RedisErrors
 from .cas import weak_persistence as weak_persistence  # its public path, kept
 from .leases import RedisLeaseStore
@@ -130,6 +138,7 @@ def _parse(url: str, display: str) -> dict[str, Any]:
         FAILOVER_GAP_PARAMETER,
     )
     known += SENTINEL_PARAMETERS if sentinel else ()
+    known += tuple(sorted(TLS_PARAMS))
     unknown = set(query) - set(known)
     if unknown:
         raise bad(f"unknown parameter {sorted(unknown)[0]!r} (only {', '.join(known)})")
@@ -142,12 +151,15 @@ def _parse(url: str, display: str) -> dict[str, Any]:
     prefix = query.get("prefix", DEFAULT_PREFIX)
     if not prefix:
         raise bad("the prefix is empty")
-    ssl = scheme in ("rediss", "rediss+sentinel")
+    tls = tls_settings(query, display)
+    if tls is None and scheme in ("rediss", "rediss+sentinel"):
+        tls = TlsSettings()  # rediss:// as it always was: the system's CAs
+    ssl = _ssl_arguments(tls, display)
     if sentinel:
         endpoint["sentinel"] = {
             "username": query.get("sentinel_username") or None,
             "password": query.get("sentinel_password"),  # parse_qsl decoded both
-            "ssl": ssl,
+            **ssl,
         }
     return {
         **endpoint,
@@ -155,12 +167,29 @@ def _parse(url: str, display: str) -> dict[str, Any]:
         # urlsplit leaves them percent-encoded, as the URL must write "/ ? # @ :" in them
         "username": unquote(parts.username) if parts.username else None,
         "password": unquote(parts.password) if parts.password is not None else None,
-        "ssl": ssl,
+        **ssl,
         "prefix": prefix,
         "unsafe": flags["unsafe"],
         UNSAFE_REPLICATION: flags[UNSAFE_REPLICATION],
         FEWER_REPLICAS: flags[FEWER_REPLICAS],
         "gap": failover_gap(query.get(FAILOVER_GAP_PARAMETER), display),
+    }
+
+
+def _ssl_arguments(tls: TlsSettings | None, display: str) -> dict[str, Any]:
+    """redis-py's TLS arguments for `tls` (None: plain). The files are read here, once, so a
+    wrong path or a key that does not match its certificate fails when the URL is opened
+    (InvalidArgument naming the store), not at the first connection."""
+    if tls is None:
+        return {"ssl": False}
+    tls.context(display)  # only to check the files: redis-py builds its own from the paths
+    return {
+        "ssl": True,
+        "ssl_ca_certs": tls.ca,  # None: the system's
+        "ssl_certfile": tls.cert,
+        "ssl_keyfile": tls.key,
+        "ssl_cert_reqs": "required",
+        "ssl_check_hostname": True,
     }
 
 

@@ -15,6 +15,7 @@ from ..._errors import InvalidArgument, StoreUnavailable
 from .._once import Once
 from ..base import StoreIdentity
 from ..replication import FAILOVER_GAP, ReplicationState, redis_state
+from .acl import describe
 from .failover import RedisFailover, guarded
 
 if TYPE_CHECKING:
@@ -176,10 +177,8 @@ class RedisCasStore:
         raise AssertionError("unreachable")
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        if isinstance(exc, self._errors.timeout):
-            reason += f" (no answer within {self._timeout:g} s)"
-        return StoreUnavailable(f"store {self.display_url} unavailable: {reason}")
+        timeout = self._timeout if isinstance(exc, self._errors.timeout) else None
+        return StoreUnavailable(describe(exc, self.display_url, timeout))
 
     def _check_persistence(self) -> None:
         """Before the first write: refuse a server whose persistence can lose a confirmed

@@ -63,11 +63,16 @@ FENCE_LOCK_MS = 30_000
 # still loading the copy it was sent (the primary lists it online once the copy is sent)
 # counts: a write made meanwhile reaches it only after its load, so writes wait for it (and
 # fail while it loads) rather than go on without it. A replica answers READONLY at once.
-# INFO comes before the writes: replicate the script's effects (the default from Redis 5).
+# INFO comes before the writes: replicate the script's effects (the default from Redis 5). An
+# ACL that refuses INFO refuses every write, saying so (NOPERM): nothing else shows a failover.
 _GUARD = """
 if redis.replicate_commands then redis.replicate_commands() end
 local lineage = KEYS[#KEYS]
-local info = redis.call('INFO', 'replication')
+local info = redis.pcall('INFO', 'replication')
+if type(info) == 'table' and info.err then
+    return redis.error_reply('NOPERM the replication guard may not run INFO (idmint reads ' ..
+        'INFO replication before each write to see a failover): ' .. info.err)
+end
 if string.find(info, 'role:slave', 1, true) then
     return redis.error_reply('READONLY this server is a replica: idmint writes on the primary ' ..
         'only (give its address, or a redis+sentinel:// URL)')

@@ -15,6 +15,7 @@ from ...ids import is_digits
 from ..base import Lease, StoreIdentity, WorkerInfo, check_claim, forgotten
 from ..leasing import holder_name
 from ..replication import FAILOVER_GAP
+from .acl import describe
 from .cas import META_SCRIPT, SWAP_SCRIPT
 from .failover import RedisFailover, guarded
 
@@ -174,8 +175,7 @@ class RedisLeaseStore:
         try:
             return op()
         except self._errors as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise StoreUnavailable(f"store {self.display_url} unavailable: {reason}") from exc
+            raise StoreUnavailable(describe(exc, self.display_url)) from exc
 
     def acquire(
         self,

@@ -22,6 +22,7 @@ from ..._errors import InvalidArgument, StoreUnavailable
 from ..._fork import orphan
 from ..base import StoreIdentity
 from ..replication import ReplicationState, redis_state
+from .acl import describe
 from .cas import RedisCasStore, weak_persistence
 from .failover import no_script_error
 
@@ -210,16 +211,15 @@ class RedisQuorumNode:
                 self._mux_read += chunk
                 if (answer := parse_claim_answer(self._mux_read)) is not None:
                     break
-        except StoreUnavailable as exc:
-            raise StoreUnavailable(f"store {self.display_url}: {exc}") from exc
+        except StoreUnavailable as exc:  # an error reply (NOPERM, say): said as any other
+            raise StoreUnavailable(describe(exc, self.display_url)) from exc
         except (OSError, ValueError) as exc:
             raise self._unavailable(exc) from exc
         self._mux_read = b""
         return answer
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        return StoreUnavailable(f"store {self.display_url} unavailable: {reason}")
+        return StoreUnavailable(describe(exc, self.display_url))
 
     def mux_reset(self) -> None:
         conn, self._mux, self._mux_sock = self._mux, None, None
