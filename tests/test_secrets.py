@@ -269,6 +269,8 @@ def test_percent_encoded_credentials_connect(mariadb: MariaDBServer) -> None:
         cur.execute("CREATE DATABASE IF NOT EXISTS encoded")
         cur.execute("CREATE USER IF NOT EXISTS 'a@b:c'@'%%' IDENTIFIED BY %s", (ODD,))
         cur.execute("GRANT ALL ON encoded.* TO 'a@b:c'@'%'")
+        # what the replication guard reads (docs/stores.md, MySQL and MariaDB: locked down)
+        cur.execute("GRANT PROCESS, SLAVE MONITOR ON *.* TO 'a@b:c'@'%'")
     user = quote("a@b:c", safe="")
     url = f"mysql://{user}:{quote(ODD, safe='')}@127.0.0.1:{mariadb.port}/encoded"
     range_store = open_store(url, timeout=5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -81,6 +82,26 @@ COMMON_SCHEMA = (
 )
 
 
+class MissingPrivilege(Exception):
+    """The store's user lacks a grant idmint needs (what, and the GRANT, in the message): a
+    dialect raises it where the server would not refuse but answer less (a replication view
+    that hides rows), SqlConnection reports it as StoreUnavailable naming the store."""
+
+
+def privilege_hint(refused: str) -> str:
+    """What to do about a statement the server refused for want of a grant (its message)."""
+    if re.search(r"\b(CREATE|ALTER)\b|for schema|must be owner", refused, re.IGNORECASE):
+        return (
+            "idmint's tables are made, and changed after an upgrade, by `idmint init` run as "
+            "their owner: docs/stores.md, Locked down"
+        )
+    return "docs/stores.md, Locked down, gives the grants idmint needs"
+
+
+#: The table a schema statement makes.
+_CREATED = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
+
+
 @dataclass(frozen=True)
 class Dialect:
     """What differs between SQL engines."""
@@ -105,6 +126,10 @@ class Dialect:
     duplicate: tuple[type[BaseException], ...] = ()
     #: Statements run once on every new connection.
     on_connect: Sequence[str] = ()
+    #: Run with a cursor on every new connection of a store (not on Dialect.connect: a peer
+    #: database read by `idmint import` needs no more than SELECT): MissingPrivilege when the
+    #: user lacks a grant the server would not refuse a statement for, only answer less.
+    check_grants: Callable[[Any], None] = field(default=lambda cur: None, repr=False)
     #: The engine's two-argument maximum.
     greatest: str = "GREATEST"
     #: UPDATE ... RETURNING: then a whole range is taken in one statement, one round trip
@@ -137,6 +162,13 @@ class Dialect:
     #: does (ReplicationState.waited_after_commit: PostgreSQL's asynchronous standbys): wait
     #: for them, bounded, with the cursor that wrote; why they do not have it, or None.
     await_replicas: Callable[[Any], str | None] | None = field(default=None, repr=False)
+    #: A query for the names of the tables in the connection's database or schema; the schema
+    #: statements of the tables there are skipped, so that an account granted rows only (no
+    #: CREATE: docs/stores.md, "Locked down") can use a schema its owner made. "": always run.
+    tables: str = ""
+    #: One line for a driver's error a user can act on (a TLS handshake, a login, a missing
+    #: grant), or None for the driver's own words.
+    explain: Callable[[BaseException], str | None] = field(default=lambda exc: None, repr=False)
     #: Removes the URL's secrets from a driver's message (see stores._urls.scrub). It holds
     #: the URL: not in the repr, which a debugger or an error tracker may show.
     scrub: Callable[[str], str] = field(default=str, repr=False)
@@ -215,10 +247,16 @@ class SqlConnection(ForkAware):
                 cur = conn.cursor()
                 for statement in self._dialect.on_connect:
                     cur.execute(statement)
+                self._dialect.check_grants(cur)
                 replication = self._check_primary(cur)
                 # PostgreSQL's CREATE TABLE IF NOT EXISTS can lose a race with another process
                 # creating the same table; the table is there, which is the goal.
+                present = self._tables(cur)
                 for statement in (*self._dialect.schema, *COMMON_SCHEMA):
+                    made = _CREATED.search(statement)
+                    if made is not None and made.group(1) in present:
+                        # even IF NOT EXISTS needs CREATE, which a runtime account lacks
+                        continue
                     with contextlib.suppress(*self._dialect.duplicate):
                         cur.execute(statement)
                 self._add_columns(cur)
@@ -460,6 +498,13 @@ class SqlConnection(ForkAware):
                     (up, raw),
                 )
 
+    def _tables(self, cur: Any) -> set[str]:
+        """The tables already in the connection's database or schema (Dialect.tables)."""
+        if not self._dialect.tables:
+            return set()
+        cur.execute(self._dialect.tables)
+        return {_text(row[0]).lower() for row in cur.fetchall()}
+
     @staticmethod
     def _add_columns(cur: Any) -> None:
         """Add the ADDED_COLUMNS a table lacks. Generic (the columns a query returns, then a
@@ -572,9 +617,14 @@ class SqlConnection(ForkAware):
                 return result
             except IdmintError:
                 raise
+            except MissingPrivilege as exc:
+                self._drop_connection()
+                why = self._dialect.scrub(" ".join(str(exc).split()))
+                raise StoreUnavailable(f"store {self.display_url}: {why}") from None
             except self._dialect.duplicate:
                 raise
             except self._dialect.unavailable as exc:
                 self._drop_connection()
-                why = self._dialect.scrub(" ".join(str(exc).split()) or type(exc).__name__)
+                said = self._dialect.explain(exc) or str(exc) or type(exc).__name__
+                why = self._dialect.scrub(" ".join(said.split()))
                 raise StoreUnavailable(f"store {self.display_url} unavailable: {why}") from exc

@@ -8,10 +8,12 @@ second longer, end a call to a server that stopped answering.
 
 from __future__ import annotations
 
+import functools
 import math
+import ssl
 from dataclasses import replace
 from typing import Any
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from ..._errors import DriverMissing, InvalidArgument
 from .._urls import ENCODE_HINT, misplaced_at, scrub
@@ -23,8 +25,9 @@ from ..replication import (
     semi_sync_fields,
     take_replication_parameters,
 )
+from ..tls import TLS_PARAMS, handshake_failure, tls_settings
 from . import sql_engine
-from .connection import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect
+from .connection import CELLS_TABLE, QUORUM_TABLE, TABLE, Dialect, MissingPrivilege, privilege_hint
 from .leases import CREATE_WORKERS_TABLE
 
 CREATE_TABLE = f"""
@@ -86,21 +89,94 @@ def replication(cur: Any) -> ReplicationState:
 def _replica_status(cur: Any) -> list[dict[str, str]]:
     """SHOW REPLICA STATUS (SHOW SLAVE STATUS before MySQL 8.0.22 and MariaDB 10.5): a row per
     replication channel, its columns named as MariaDB does (Slave_IO_Running,
-    Read_Master_Log_Pos, ...: MySQL 8.0.22 says Replica_ and Source); none when the statement
-    is refused (privileges)."""
+    Read_Master_Log_Pos, ...: MySQL 8.0.22 says Replica_ and Source). MissingPrivilege when
+    the user may run neither: a replica must not pass for a primary for want of a grant (on
+    main it did: the guard read "no channel")."""
     import pymysql
 
+    refused: BaseException | None = None
     for statement in ("SHOW REPLICA STATUS", "SHOW SLAVE STATUS"):
         try:
             cur.execute(statement)
-        except (pymysql.err.ProgrammingError, pymysql.err.OperationalError):
+        except pymysql.err.ProgrammingError:
+            continue  # an older server's syntax: try the older spelling
+        except pymysql.err.OperationalError as exc:
+            if _errno(exc) not in _DENIED:
+                raise
+            refused = exc
             continue
         names = [
             str(d[0]).replace("Replica_", "Slave_").replace("Source", "Master")
             for d in cur.description or ()
         ]
         return [dict(zip(names, map(str, row), strict=False)) for row in cur.fetchall()]
+    if refused is not None:
+        raise MissingPrivilege(
+            f"the replication guard cannot tell whether the server is a replica: "
+            f"{_message(refused)}; GRANT SLAVE MONITOR ON *.* (MariaDB 10.5.9+; REPLICATION "
+            "CLIENT on MySQL) to idmint's user"
+        )
     return []
+
+
+#: Server errors that mean "not allowed": an account's missing grant (1044: a database, 1142
+#: and 1143: a table or column, 1227: a privilege such as PROCESS), 1045 a refused login.
+_DENIED = frozenset({1044, 1142, 1143, 1227})
+_LOGIN_REFUSED = 1045
+
+
+def _errno(exc: BaseException) -> int | None:
+    code = exc.args[0] if exc.args else None
+    return code if isinstance(code, int) else None
+
+
+def _message(exc: BaseException) -> str:
+    """The server's words without PyMySQL's (code, "...") tuple around them."""
+    if len(exc.args) >= 2 and isinstance(exc.args[1], str):
+        return exc.args[1]
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _check_process(cur: Any) -> None:
+    """MissingPrivilege unless the user holds PROCESS, which the replication guard reads the
+    replicas with: without it information_schema.PROCESSLIST shows the user's own threads only,
+    no error, and a primary with replicas passes for a standalone server whose writes need
+    wait for nothing. SHOW ENGINE INNODB MUTEX is run only to be refused without PROCESS (with
+    it, it answers a few rows, none on MariaDB; a query of INNODB_TRX with an impossible WHERE
+    is not even checked); once per connection, as a global grant takes effect at connect."""
+    import pymysql
+
+    try:
+        cur.execute("SHOW ENGINE INNODB MUTEX")
+        cur.fetchall()
+    except pymysql.err.OperationalError as exc:
+        if _errno(exc) != 1227:
+            raise
+        raise MissingPrivilege(
+            "the replication guard cannot see the replicas (information_schema.PROCESSLIST "
+            f"shows other users' threads only with PROCESS): {_message(exc)}; GRANT PROCESS "
+            "ON *.* to idmint's user (or accept unguarded replicas: ?unsafe_replication=1)"
+        ) from None
+
+
+def _explain(exc: BaseException, *, tls: bool) -> str | None:
+    """One line for a refused connection or statement (None: the driver's own words do):
+    a TLS handshake, a login, a grant."""
+    handshake = handshake_failure(exc)
+    if handshake is not None:
+        return handshake
+    code = _errno(exc)
+    if code == _LOGIN_REFUSED:
+        why = (
+            "a wrong user name or password, or an account that requires a client certificate "
+            "(?cert=...&key=...)"
+            if tls
+            else "a wrong user name or password, or an account that requires TLS (?ca=...)"
+        )
+        return f"{_message(exc)}: {why}"
+    if code in _DENIED:
+        return f"{_message(exc)} ({privilege_hint(_message(exc))})"
+    return None
 
 
 def _replicating(channels: list[dict[str, str]]) -> str | None:
@@ -179,8 +255,8 @@ CREATE TABLE IF NOT EXISTS {CELLS_TABLE} (
 """
 
 
-def _address(url: str, display_url: str) -> tuple[SplitResult, str, int]:
-    """The URL's parts, database and port, or InvalidArgument."""
+def _address(url: str, display_url: str) -> tuple[SplitResult, str, int, dict[str, str]]:
+    """The URL's parts, database, port and query, or InvalidArgument."""
     if misplaced_at(url):
         raise InvalidArgument(f"bad MySQL URL {display_url!r}: {ENCODE_HINT}")
     parts = urlsplit(url)
@@ -194,7 +270,16 @@ def _address(url: str, display_url: str) -> tuple[SplitResult, str, int]:
     except ValueError as exc:
         # urlsplit takes a password's first characters for the port when it holds a "/"
         raise InvalidArgument(f"bad MySQL URL {display_url!r}: {scrub(str(exc), url)}") from exc
-    return parts, database, port
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    # A misspelt TLS parameter (ssl-ca=, sslmode=) must not leave the connection plain unseen.
+    unknown = sorted(set(query) - TLS_PARAMS)
+    if unknown:
+        raise InvalidArgument(
+            f"bad MySQL URL {display_url!r}: unknown parameter {unknown[0]!r} (TLS: "
+            f"{', '.join(sorted(TLS_PARAMS))}; replication: unsafe_replication, "
+            "fewer_replicas, failover_gap)"
+        )
+    return parts, database, port, query
 
 
 def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
@@ -206,7 +291,13 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         ) from exc
 
     url, replicated = take_replication_parameters(url, display_url)
-    parts, database, port = _address(url, display_url)
+    parts, database, port, query = _address(url, display_url)
+    tls = tls_settings(query, display_url)
+    # Files are read now: a CA or key that cannot be used is a bad URL, not a failed connect.
+    context: ssl.SSLContext | None = None if tls is None else tls.context(display_url)
+    # Plain unless the URL asks for TLS: PyMySQL 1.2 would otherwise try TLS without checking
+    # the certificate, which protects nothing and makes "plain" depend on the driver's version.
+    encryption: dict[str, Any] = {"ssl": context} if context else {"ssl_disabled": True}
 
     # The server reports a lock wait that lasted the store timeout; the client waits a second
     # more for any answer, so that the server's error (which keeps the connection) comes first.
@@ -229,6 +320,7 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             # rowcount = rows matched, not rows changed: a renewal that changes nothing
             # visible is still a renewal.
             client_flag=pymysql.constants.CLIENT.FOUND_ROWS,
+            **encryption,
         )
 
     return Dialect(
@@ -251,6 +343,10 @@ def mysql_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
         unavailable=(pymysql.err.OperationalError, pymysql.err.InterfaceError),
         duplicate=(pymysql.err.IntegrityError,),
         on_connect=("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",),
+        # with unsafe_replication the replicas are accepted unwaited: not seeing them is no risk
+        check_grants=(lambda cur: None) if replicated.unsafe else _check_process,
+        tables="SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()",
+        explain=functools.partial(_explain, tls=context is not None),
     )
 
 

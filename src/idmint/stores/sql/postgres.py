@@ -17,6 +17,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 import socket
 import time
 from typing import Any
@@ -33,8 +34,9 @@ from ..replication import (
     postgres_state,
     take_replication_parameters,
 )
+from ..tls import handshake_failure
 from . import sql_engine
-from .connection import TABLE, Dialect
+from .connection import TABLE, Dialect, MissingPrivilege, privilege_hint
 from .leases import CREATE_WORKERS_TABLE
 
 CREATE_TABLE = f"""
@@ -148,9 +150,58 @@ def durability(cur: Any) -> str | None:
     return f"PostgreSQL runs with {', '.join(weak)}" if weak else None
 
 
+#: POSTGRES_QUERY and, in the same round trip, the walsenders pg_stat_replication hides from
+#: this role (it shows only their pid to a role neither superuser nor in pg_read_all_stats,
+#: and their state is never NULL otherwise) and the role's name.
+GUARD_QUERY = f"""
+SELECT q.*, (SELECT count(*) FROM pg_stat_replication WHERE state IS NULL), current_user
+  FROM ({POSTGRES_QUERY}) q
+"""
+
+
 def replication(cur: Any, *, waits: bool) -> ReplicationState:
-    cur.execute(POSTGRES_QUERY)
-    return postgres_state(tuple(cur.fetchone()), waits=waits)
+    """The server's replication (see stores/replication.py). MissingPrivilege when standbys
+    are hidden from idmint's role: each would pass for no standby (the primary for a
+    standalone server whose writes need wait for nothing), as on main."""
+    cur.execute(GUARD_QUERY)
+    *row, hidden, role = tuple(cur.fetchone())
+    if hidden:
+        raise MissingPrivilege(
+            f"the replication guard cannot see the standbys: pg_stat_replication hides "
+            f'{hidden} of them from role {role!r}; GRANT pg_read_all_stats TO "{role}" '
+            "(or pg_monitor)"
+        )
+    return postgres_state(tuple(row), waits=waits)
+
+
+#: libpq's words before its reason ("connection failed: connection to server at "h", port
+#: 5432 failed: FATAL:  ..."), dropped: the store's URL names the server already.
+_LIBPQ_PREFIX = re.compile(
+    r"^(?:connection failed: )?(?:connection to server at .*?, port \d+ failed: )?"
+    r"(?:(?:FATAL|ERROR): +)?",
+    re.DOTALL,
+)
+
+
+def _explain(exc: BaseException) -> str | None:
+    """One line for a refused connection or statement (None: the driver's own words do)."""
+    import psycopg
+
+    said = " ".join(str(exc).split())
+    reason = _LIBPQ_PREFIX.sub("", said, count=1)
+    handshake = handshake_failure(exc)
+    if handshake is not None:
+        # libpq's reason is the most a user gets ("certificate verify failed"): keep both
+        return f"{handshake}: {reason}" if reason and "SSL" in reason else handshake
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        # the server's own line, without the statement it quotes
+        primary = getattr(exc.diag, "message_primary", None) or reason
+        return f"{primary} ({privilege_hint(primary)})"
+    return reason if reason != said else None
+
+
+#: The connection parameters naming a file libpq reads (sslrootcert=system: the system's CAs).
+_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
 
 
 #: The first pause between two readings of the standbys' flush positions, and the longest. A
@@ -193,6 +244,13 @@ def _conninfo(psycopg: Any, url: str, display_url: str) -> dict[str, Any]:
             # What libpq took for a port may be a piece of a password with an unencoded "/"
             # in it: scrubbed, like libpq's own messages.
             why = scrub(f"port {port!r} is not a number from 1 to 65535", url)
+            raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}")
+    for name in _FILE_PARAMETERS:
+        # Read now, as the other engines' ca=, cert=, key=: a file that cannot be used is a bad
+        # URL at once, not a failure at every connection.
+        path = str(given.get(name) or "")
+        if path and path != "system" and not os.access(path, os.R_OK):
+            why = scrub(f"cannot read {name}={path}", url)  # sslkey= counts as a secret
             raise InvalidArgument(f"bad PostgreSQL URL {display_url!r}: {why}")
     return given
 
@@ -255,6 +313,8 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             psycopg.InterfaceError,
             # the server ended a session left idle in a transaction (this process was paused)
             psycopg.errors.IdleInTransactionSessionTimeout,
+            # a grant the role lacks: named in one line, not a traceback (see _explain)
+            psycopg.errors.InsufficientPrivilege,
         ),
         # Concurrent first connections race to create the schema: CREATE TABLE IF NOT EXISTS
         # can still fail on the table's row type or name; the table is there either way.
@@ -264,6 +324,8 @@ def postgres_dialect(url: str, display_url: str, *, timeout: float) -> Dialect:
             psycopg.errors.DuplicateObject,
         ),
         returning=True,
+        tables="SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
+        explain=_explain,
         durability=durability,
         replication=functools.partial(replication, waits=not replicated.unsafe),
         # Half the store timeout: a write that waited that long for a standby still fails
