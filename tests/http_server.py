@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -33,10 +34,13 @@ class ServerProcess:
         admin_loopback: bool = True,
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        ca: Path | None = None,
     ) -> None:
         self.store_url = store_url
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # A server given --tls-cert answers https only: `ca` is what the tests trust it with.
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         self.workers, self.token = workers, token
         self.admin_loopback = admin_loopback
         self.args, self.env = list(args), dict(env or {})
@@ -72,7 +76,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"idmint serve exited {self.proc.returncode}: {self.log()}")
             try:
-                if httpx.get(self.url + "/livez", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/livez", timeout=1, verify=self.verify).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

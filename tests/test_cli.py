@@ -647,6 +647,9 @@ def test_every_flag_of_serve_reaches_the_server_config(
         "dc": "eu",
         "dc_store": f"sqlite:///{tmp_path / 'eu.db'}",
         "quorum": ",".join(f"sqlite:///{tmp_path / n}.db" for n in "abc"),
+        "tokens": str(tmp_path / "tokens.toml"),  # paths: run.serve, which reads them, is off
+        "tls_cert": str(tmp_path / "cert.pem"),
+        "tls_key": str(tmp_path / "key.pem"),
     }
     args: list[str] = []
     wanted: dict[str, object] = {}

@@ -9,6 +9,9 @@ whose `allocate` is `POST /v1/keys/{key}/ranges`: the same preload, dynamic step
 typed errors as on a database, with the server as the store. Servers are tried in turn; one that
 does not answer or answers 5xx is skipped until the others fail too.
 
+An https:// server is verified, always: against certifi's CAs, or only against the CA file
+given as `ca=` (`idmint serve --tls-cert` with a private CA's certificate).
+
 `AsyncClient` shares all of it: its hot path is the same non-blocking call, and only a caller
 that finds nothing buffered waits, on a thread.
 
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import ssl
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +44,7 @@ from ._fork import ForkAware, orphan
 from .aio import AsyncSegment as AsyncSegment  # it lived here: re-exported for old imports
 from .ids import Allocation, Key, Range, check_count, check_key_name, is_digits
 from .stores.base import STORE_HEADER, StoreIdentity
+from .stores.tls import handshake_failure
 from .strategies.refills import SegmentOptions
 from .strategies.segment import SegmentGenerator
 
@@ -55,6 +61,7 @@ class HttpRangeStore(ForkAware):
         timeout: float = DEFAULT_TIMEOUT,
         token: str | None = None,
         transport: httpx.BaseTransport | None = None,
+        ca: str | os.PathLike[str] | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -66,7 +73,11 @@ class HttpRangeStore(ForkAware):
         self.display_url = ",".join(self.urls)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._new_http = functools.partial(
-            httpx.Client, timeout=timeout, headers=headers, transport=transport
+            httpx.Client,
+            timeout=timeout,
+            headers=headers,
+            transport=transport,
+            verify=_verify(ca),
         )
         self._http = self._new_http()
         self._preferred = 0
@@ -124,7 +135,7 @@ class HttpRangeStore(ForkAware):
             try:
                 response = self._http.request(method, url, **kwargs)
             except httpx.HTTPError as exc:
-                failures.append(f"{self.urls[index]}: {type(exc).__name__}")
+                failures.append(f"{self.urls[index]}: {_failure(exc)}")
                 continue
             self._check_store(self.urls[index], response)
             if response.status_code >= 500:
@@ -243,6 +254,28 @@ class HttpRangeStore(ForkAware):
         self._http.close()
 
 
+def _verify(ca: str | os.PathLike[str] | None) -> ssl.SSLContext | bool:
+    """What httpx verifies https:// servers with: certifi's CAs (httpx's default), or only the
+    CA in the file `ca` (a private CA's certificate, PEM). Verification is never off."""
+    if ca is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=os.fspath(ca))
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror or str(exc)
+        raise InvalidArgument(f"cannot read the CA file {os.fspath(ca)}: {reason}") from None
+
+
+def _failure(exc: httpx.HTTPError) -> str:
+    """Why a server did not answer, in a few words: a TLS failure says what to do."""
+    tls = handshake_failure(exc)
+    if tls is not None:
+        if isinstance(exc, httpx.ConnectError) and "not accepted" in tls:
+            return f"{tls}; a server with a private CA needs Client(..., ca=PATH)"
+        return tls
+    return type(exc).__name__
+
+
 def _reason(response: httpx.Response) -> str:
     return " ".join(response.text.split())[:300]
 
@@ -298,8 +331,9 @@ class _ClientBase:
         token: str | None = None,
         segment_options: SegmentOptions | None = None,
         transport: httpx.BaseTransport | None = None,
+        ca: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.store = HttpRangeStore(urls, timeout=timeout, token=token, transport=transport)
+        self.store = HttpRangeStore(urls, timeout=timeout, token=token, transport=transport, ca=ca)
         self.segment_options = segment_options or SegmentOptions()
         self._segments: dict[str, SegmentGenerator] = {}
         self._lock = threading.Lock()

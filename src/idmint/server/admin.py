@@ -7,7 +7,7 @@ import functools
 from dataclasses import replace
 
 from ..ids import BATCH_CAP_MAX, DEFAULT_FIRST_ID, DEFAULT_STEP, ID_MAX, MAX_STRIPES
-from .http import Response, json_response
+from .http import HttpError, Response, json_response
 from .openapi import E400, E401, E403, E404, E409, E413, E503, json_ok
 from .pools import Pool
 from .routes import ADMIN, KEY, KEY_PATTERN, STR, Body, Call, Param, Route, body_int, path_key
@@ -146,7 +146,12 @@ class AdminRoutes:
 
     async def list_keys(self, call: Call) -> Response:
         keys = await self.pool.run(self.service.store_deadline, self._minter().keys)
-        return json_response({"keys": [k.as_dict() for k in self.service.keep_rows(keys)]})
+        rows = self.service.keep_rows(keys)
+        # A token limited to some keys sees those only: the others are not its business.
+        principal = call.principal
+        if principal is not None and principal.keys != ("*",):
+            rows = [k for k in rows if principal.covers(k.name)]
+        return json_response({"keys": [k.as_dict() for k in rows]})
 
     async def show_key(self, call: Call) -> Response:
         key = call.key
@@ -166,6 +171,9 @@ class AdminRoutes:
     async def add_key(self, call: Call) -> Response:
         body = call.body()
         name = body["name"]
+        principal = call.principal
+        if principal is not None and not principal.covers(name):
+            raise HttpError(403, principal.not_admin_of(name))
         # Past the deadline the key may still be created: a retry then answers 409.
         created = await self.pool.run(
             self.service.store_deadline,

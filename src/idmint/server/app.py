@@ -11,10 +11,13 @@ The id routes wait for the store on the event loop, and only when nothing is buf
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
+import signal
 from collections.abc import MutableMapping
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import __version__
@@ -24,6 +27,7 @@ from ..ids import check_key_name, is_digits
 from ..stores.base import STORE_HEADER, StoreIdentity
 from ..strategies.refills import SegmentOptions, set_shared_threads
 from . import admin, dropin, id_routes, probes
+from . import tokens as tokens_module
 from .config import ServerConfig
 from .http import STATUS_OF, HttpError, Request, Response, bearer_in, bearer_is
 from .id_routes import LEAF_PREFIX
@@ -31,9 +35,13 @@ from .openapi import openapi_document
 from .pools import Pool, PoolTimeout
 from .routes import ADMIN, IDS, Call, Handler, Route, Router
 from .service import IdService
+from .tokens import ADMIN_TOKEN, AUDIT_FIELDS, LOOPBACK, Token
 
+audit_log = logging.getLogger("idmint.audit")
 log = logging.getLogger("idmint.server")
 
+#: The id routes with no key: a token with ids = true may use them, whatever its keys.
+SNOWFLAKE_HANDLERS = ("snowflake_get", "snowflake_ids")
 MAX_BODY = 64 * 1024
 # Threads, and jobs queued or running, per pool (see pools.py): the id routes' slow path
 # (unknown keys, whole ranges, the snowflake generator), key admin, and the probes
@@ -140,6 +148,10 @@ class App:
         # The hot path's own references: one attribute lookup each, no more.
         self._one_now = self.service.one_now
         self._id_bearers = self.service.bearers
+        #: The tokens file's table (reloaded in place: the reference stays good), or None.
+        self._tokens = self.service.tokens
+        #: Who key admin over HTTP is, without a tokens file (the audit lines' `token`).
+        self._admin_token = Token(ADMIN_TOKEN, b"", admin=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -197,6 +209,26 @@ class App:
 
     def __rsgi_init__(self, loop: Any) -> None:
         self.startup()
+        self.reload_on_sighup(loop)
+
+    def reload_on_sighup(self, loop: asyncio.AbstractEventLoop) -> None:
+        """With a tokens file, SIGHUP reloads it on the event loop (between requests: nothing
+        is dropped, no worker restarts). The main process of `idmint serve` checks the file and
+        forwards the signal to each worker (run.py)."""
+        if self._tokens is None:
+            return
+        try:
+            loop.add_signal_handler(signal.SIGHUP, self.reload_tokens)
+        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
+            # Not the main thread, or no SIGHUP (Windows): reload_tokens() stays callable.
+            log.warning("SIGHUP cannot reload the tokens in this process")
+            return
+        if tokens_module.take_pending_reload():
+            self.reload_tokens()  # a SIGHUP came between the fork and the line above
+
+    def reload_tokens(self) -> bool:
+        """Read the tokens file again; a bad one keeps the tokens as they are (logged)."""
+        return self._tokens.reload() if self._tokens is not None else False
 
     def __rsgi_del__(self, loop: Any) -> None:
         self.shutdown()
@@ -205,11 +237,16 @@ class App:
         path = scope.path
         if scope.method == "GET" and path.startswith(LEAF_PREFIX):
             # Leaf's route without the router: the generator's lock-free hot path, right here
-            # (None: the full path below answers, with the right status).
-            if not self._id_bearers or bearer_in(
-                scope.headers.get("authorization"), self._id_bearers
+            # (None: the full path below answers, with the right status). Without a token
+            # the check is the one `not`; the tokens file's is per key (tokens.py).
+            key = path[len(LEAF_PREFIX) :]
+            bearers = self._id_bearers
+            if not bearers or (
+                bearer_in(scope.headers.get("authorization"), bearers)
+                if self._tokens is None
+                else self._tokens.may_take(key, scope.headers.get("authorization"))
             ):
-                i = self._one_now(path[len(LEAF_PREFIX) :])
+                i = self._one_now(key)
                 if i is not None:
                     self.hot_handed += 1  # a plain attribute: the cheapest count there is
                     proto.response_str(200, _HOT_HEADERS, str(i))
@@ -245,6 +282,7 @@ class App:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
                     self.startup()
+                    self.reload_on_sighup(asyncio.get_running_loop())
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     self.shutdown()
@@ -292,6 +330,9 @@ class App:
     async def _answer(self, request: Request) -> Response:
         template, args = self.router.match(request.path)
         methods = self.router.by_path.get(template)
+        # Set once key admin is authorized: whose action the audit line names.
+        principal: Token | None = None
+        route: Route | None = None
         try:
             if methods is None:
                 raise HttpError(404, f"no route {request.path}; see /openapi.json")
@@ -307,38 +348,61 @@ class App:
                 # Close: the rest of the body was never read, and is not worth draining.
                 raise HttpError(413, f"the body is over {MAX_BODY} bytes", _CLOSE)
             if route.access == ADMIN:
-                self._authorize(request)
+                principal = self._authorize(request)
+                if not principal.admin:  # a token of the file, known: its attempt is audited
+                    raise HttpError(
+                        403, f"token {principal.name!r} may not use key admin (admin = false)"
+                    )
+                if "key" in args and not principal.covers(args["key"]):
+                    raise HttpError(403, principal.not_admin_of(args["key"]))
             elif route.access == IDS and self._id_bearers:
-                self._authorize_ids(request)
+                self._authorize_ids(request, route, args)
             if "key" in args:  # the other path parameters are checked by their handlers
                 check_key_name(args["key"])
             handler = self.router.handlers[template, request.method]
-            return await handler(Call(request, route, args))
+            response = await handler(Call(request, route, args, principal))
         except HttpError as exc:
             self.counters.error(_label(methods) or "unknown", exc.status)
-            return Response(exc.status, exc.reason + "\n", headers=exc.headers)
+            response = Response(exc.status, exc.reason + "\n", headers=exc.headers)
         except PoolTimeout as exc:
             self.counters.error(_label(methods), 503)
-            return Response(503, f"{exc}\n", headers=PoolTimeout.headers)
+            response = Response(503, f"{exc}\n", headers=PoolTimeout.headers)
         except IdmintError as exc:
             status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 500)
             self.counters.error(_label(methods), status)
             headers = _exhausted_headers(exc) if isinstance(exc, Exhausted) else ()
-            return Response(status, " ".join(str(exc).split()) + "\n", headers=headers)
+            response = Response(status, " ".join(str(exc).split()) + "\n", headers=headers)
         except Exception:
             log.exception("unexpected error answering %s %s", request.method, request.path)
             self.counters.error(_label(methods), 500)
-            return Response(500, "internal error; see the server log\n")
+            response = Response(500, "internal error; see the server log\n")
+        if principal is not None and route is not None:
+            audit(principal, route, request, args.get("key"), response.status)
+        return response
 
-    def _authorize(self, request: Request) -> None:
-        """Admin needs the admin token; without it, only a loopback client of a server started
-        with --admin-loopback (behind a reverse proxy on the same host every client is
-        loopback, so that is never the default)."""
+    def _authorize(self, request: Request) -> Token:
+        """Admin needs the admin token (or, with a tokens file, a token with admin = true);
+        without it, only a loopback client of a server started with --admin-loopback (behind
+        a reverse proxy on the same host every client is loopback, so that is never the
+        default). Returns who it is, for the audit line and the keys it may administer (a
+        token of the file with admin = false too: the caller refuses it)."""
+        tokens = self._tokens
         token = self.config.token
-        if token and bearer_is(request.authorization, token):
-            return
+        if tokens is not None:
+            found = tokens.identify(request.authorization)
+            if found is not None:
+                return found  # admin = false: the caller refuses it, with an audit line
+        elif token and bearer_is(request.authorization, token):
+            return self._admin_token
         if self.config.admin_loopback and _is_loopback(request.client):
-            return
+            return LOOPBACK
+        if tokens is not None:
+            raise HttpError(
+                401,
+                "this route needs a token of the tokens file with admin = true (Authorization: "
+                "Bearer ...)",
+                (("www-authenticate", 'Bearer realm="idmint"'),),
+            )
         if token:
             raise HttpError(
                 401,
@@ -357,9 +421,16 @@ class App:
             "--admin-loopback for loopback clients; the idmint keys command works on the store",
         )
 
-    def _authorize_ids(self, request: Request) -> None:
+    def _authorize_ids(self, request: Request, route: Route, args: dict[str, str]) -> None:
         """With a client token set, the routes that hand out ids need it (or the admin
-        token): without a credential, anyone could burn a key's ids for good."""
+        token): without a credential, anyone could burn a key's ids for good. With a tokens
+        file, a token that may take ids of the route's key (the snowflake routes have none:
+        any token with ids = true)."""
+        if self._tokens is not None:
+            key = None if route.handler in SNOWFLAKE_HANDLERS else args.get("key")
+            found = self._tokens.identify(request.authorization)
+            self.service.check_access(key, found, "Authorization: Bearer ...")
+            return
         if self.service.accepts(request.authorization):
             return
         raise HttpError(
@@ -367,6 +438,38 @@ class App:
             "this route needs the client token (Authorization: Bearer ...)",
             (("www-authenticate", 'Bearer realm="idmint"'),),
         )
+
+
+def audit(principal: Token, route: Route, request: Request, key: str | None, status: int) -> None:
+    """One line per admin request that got past the token check (docs/deploy.md, "Audit"):
+    who (the token's name, never its secret), what, on which key, the outcome and when."""
+    if key is None and route.handler == "add_key":
+        try:  # the new key's name, as the body gave it (a bad body: none)
+            name = request.json().get("name")
+        except HttpError:
+            name = None
+        key = name if isinstance(name, str) else None
+    at = datetime.now(UTC).isoformat(timespec="milliseconds")
+    fields = {
+        "event": "admin",
+        "token": principal.name,
+        "action": route.handler,
+        "key": key,
+        "method": request.method,
+        "path": request.path,
+        "client": request.client,
+        "status": status,
+        "at": at,
+    }
+    audit_log.info(
+        "admin %s key=%s by token %s from %s: %d",
+        route.handler,
+        key or "-",
+        principal.name,
+        request.client or "-",
+        status,
+        extra={AUDIT_FIELDS: fields},
+    )
 
 
 def create_app() -> App:

@@ -99,6 +99,20 @@ class ServerConfig:
         "Allow key admin without the token from loopback clients. Not behind a reverse "
         "proxy on the same host: there every client is loopback.",
     )
+    #: Per-key tokens (tokens.py); the two tokens above join them as implicit entries.
+    tokens: str = flagged(
+        "",
+        "A TOML file of tokens, each limited to some keys and to taking ids and/or key "
+        "admin; reloaded on SIGHUP. The id routes then all need a token (env {env}).",
+        metavar="FILE",
+    )
+    #: TLS served by granian itself, for a site with no proxy in front.
+    tls_cert: str = flagged(
+        "", "Serve HTTPS: the certificate chain (PEM), with --tls-key (env {env}).", metavar="FILE"
+    )
+    tls_key: str = flagged(
+        "", "The private key (PEM, not encrypted) of --tls-cert (env {env}).", metavar="FILE"
+    )
     timeout: float = DEFAULT_TIMEOUT
     #: How long a request waits for a range when nothing is buffered (seconds).
     wait: float = 1.0
@@ -214,6 +228,11 @@ class ServerConfig:
             )
         for name in ("token", "client_token"):
             _check_token(name, getattr(self, name))
+        for name in PATH_SETTINGS:  # never echoed: it may be a secret put in the wrong place
+            if "\n" in getattr(self, name):
+                raise InvalidArgument(f"{name} ({env_variable(name)}) must be a file's path")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise InvalidArgument("tls_cert and tls_key go together: give both, or neither")
         layout_named(self.snowflake_layout)  # raises InvalidArgument naming the presets
         check_key_name(self.snowflake_namespace)
         if self.dc:
@@ -303,6 +322,8 @@ class ServerConfig:
         return cls.from_mapping(cls.env_values())
 
 
+#: The settings that name a file: relative to the config file's directory when given there.
+PATH_SETTINGS = ("tokens", "tls_cert", "tls_key")
 #: Every setting's name.
 SETTINGS = frozenset(f.name for f in fields(ServerConfig))
 #: The settings that are options of `idmint serve`, in the order its help lists them: name ->
@@ -325,6 +346,13 @@ def setting_from_file(name: str) -> str | None:
         return None
     if os.environ.get(variable):  # an empty IDMINT_<NAME> is the default, not a value
         raise InvalidArgument(f"{variable} and {variable}{FILE_SUFFIX} are both set: keep one")
+    if name in PATH_SETTINGS:
+        # Its value is a path already: read as a setting, a private key or the tokens would
+        # become the "path", and then be shown in the error that it is no file.
+        raise InvalidArgument(
+            f"{variable}{FILE_SUFFIX} is not read: {variable} is a file's path already "
+            f"(set {variable}=/path)"
+        )
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -381,6 +409,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
         if isinstance(values.get(name), str) and "sqlite:///" in values[name]:
             urls = _NEXT_URL.split(values[name])
             values[name] = ",".join(_next_to(url, path) for url in urls)
+    for name in PATH_SETTINGS:  # the same for the files a setting names
+        if isinstance(values.get(name), str) and values[name]:
+            values[name] = str(path.absolute().parent / values[name])
     return values
 
 

@@ -287,9 +287,14 @@ class DropIn:
         service = self.service
         accepted = service.bearers
         if path.startswith("/ids/"):
-            if accepted and not bearer_in(scope.headers.get("authorization"), accepted):
-                return None
             key, route = path[5:], COSID_ID
+            if accepted:
+                header = scope.headers.get("authorization")
+                tokens = service.tokens
+                if not (
+                    bearer_in(header, accepted) if tokens is None else tokens.may_take(key, header)
+                ):
+                    return None
         elif path in (TINYID_IDS, TINYID_IDS_SIMPLE):
             query = scope.query_string
             if "%" in query or "+" in query:
@@ -306,11 +311,18 @@ class DropIn:
                     return None  # more ids, or a bad count: Call.arg checks every value
             if biz is None:
                 return None
-            if accepted and not (
-                (token is not None and bearer_in(f"Bearer {token}", accepted))
-                or bearer_in(scope.headers.get("authorization"), accepted)
-            ):
-                return None
+            if accepted:
+                tokens = service.tokens
+                if tokens is None:
+                    ok = (token is not None and bearer_in(f"Bearer {token}", accepted)) or (
+                        bearer_in(scope.headers.get("authorization"), accepted)
+                    )
+                else:
+                    ok = (token is not None and tokens.may_take(biz, f"Bearer {token}")) or (
+                        tokens.may_take(biz, scope.headers.get("authorization"))
+                    )
+                if not ok:
+                    return None
             key, route = biz, path
         else:
             return None
@@ -341,11 +353,28 @@ class DropIn:
 
     def _token_ok(self, call: Call) -> bool:
         """With a client token set, the `token` parameter (or the bearer header) must be it or
-        the admin token; without one, anything goes, as on idmint's own id routes."""
+        the admin token; without one, anything goes, as on idmint's own id routes. With a
+        tokens file, either must be a token that may take ids of the bizType: else this
+        raises its 401 or 403."""
         accepted = self.service.bearers
         if not accepted:
             return True
         given = call.arg("token")
+        tokens = self.service.tokens
+        if tokens is not None:
+            key = call.arg("bizType")
+            found = [
+                t
+                for t in (
+                    tokens.identify_secret(given) if given else None,
+                    tokens.identify(call.request.authorization),
+                )
+                if t is not None
+            ]
+            allowed = tokens.takers(key).names
+            token = next((t for t in found if t.name in allowed), found[0] if found else None)
+            self.service.check_access(key, token, "token=..., as tinyid's clients send it")
+            return True
         if given is not None and bearer_in(f"Bearer {given}", accepted):
             return True
         # A bearer header, spelt as the other id routes take it.
@@ -378,6 +407,9 @@ class DropIn:
             status, reason = self._failure(route, exc)
             if status == 401:
                 return json_response({"data": None, "code": TOKEN_ERR, "message": "token is error"})
+            if status == 403:  # a token of the tokens file, not for this bizType: tinyid's code
+                message = f"token is error: {reason}"
+                return json_response({"data": None, "code": TOKEN_ERR, "message": message})
             body = {"data": None, "code": SYS_ERR, "message": reason}
             return json_response(body, 400 if status == 400 else 200)
         self.counters.handed[route] += handed

@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 
 from ..ids import KEY_NAME_PATTERN, KEY_NAME_RULE, check_key_name, is_digits
 from .http import NUMBER, HttpError, Request, Response
+from .tokens import Token
 
 # Who may call a route: anyone, holders of the client token (when one is set), the admin;
 # tinyid's routes take the client token as `token=` too, checked by their handler.
@@ -198,6 +199,8 @@ class Call:
     request: Request
     route: Route
     path_args: dict[str, str]
+    #: Who called an admin route (the keys it may administer); None on the other routes.
+    principal: Token | None = None
 
     @property
     def key(self) -> str:

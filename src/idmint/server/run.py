@@ -18,6 +18,7 @@ import logging.config
 import math
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from ..ids import is_digits
 from ..stores import RangeStore, open_store
 from .config import FILE_SUFFIX, ServerConfig
 from .metrics import MULTIPROC_ENV, VIEW_PREFIX, pid_running
+from .tokens import AUDIT_FIELDS, implicit_tokens, note_pending_reload, read_tokens
 
 TARGET = "idmint.server.app:create_app"
 
@@ -38,7 +40,13 @@ log = logging.getLogger("idmint.server")
 
 def describe_access(config: ServerConfig) -> list[tuple[int, str]]:
     """What the start-up log says about who may do what over HTTP, each with its log level."""
-    if config.token and config.admin_loopback:
+    if config.tokens:
+        admin = "needs a token with admin = true in the tokens file" + (
+            " (or --token)" if config.token else ""
+        )
+        if config.admin_loopback:
+            admin += ", except from loopback clients (--admin-loopback)"
+    elif config.token and config.admin_loopback:
         admin = "needs the admin token, except from loopback clients (--admin-loopback)"
     elif config.token:
         admin = "needs the admin token"
@@ -54,7 +62,15 @@ def describe_access(config: ServerConfig) -> list[tuple[int, str]]:
         else "no budget on how fast a key's ids go out (--id-budget-days 0): a bounded key can "
         "be spent for good in seconds"
     )
-    if config.client_token:
+    if config.tokens:
+        lines.append(
+            (
+                logging.INFO,
+                f"the id routes need a token of the tokens file {config.tokens} that may take "
+                f"the key's ids (reloaded on SIGHUP); {budget}",
+            )
+        )
+    elif config.client_token:
         lines.append((logging.INFO, f"the id routes need the client token; {budget}"))
     else:
         open_to = "the id routes are open to anyone who reaches this port (no --client-token)"
@@ -65,6 +81,11 @@ def describe_access(config: ServerConfig) -> list[tuple[int, str]]:
 def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT; then /readyz turns 503, in-flight requests finish and unused
     tails go back to the store."""
+    # A bad tokens file or certificate is one line and exit code 2, before anything starts.
+    implicit = implicit_tokens(config.token, config.client_token)
+    tokens = read_tokens(config.tokens, implicit) if config.tokens else []
+    if config.tls_cert:
+        check_tls(config.tls_cert, config.tls_key)
     store = open_store(config.store, timeout=config.timeout)  # a bad URL fails here, once
     address = listen_address(config.host, config.port)
     try:
@@ -81,6 +102,10 @@ def serve(config: ServerConfig) -> None:
     configure_logs(config.log_format)
     for level, line in describe_access(config):
         log.log(level, "%s", line)
+    if config.tokens:
+        log.info("tokens: %s", ", ".join(t.name for t in tokens) or "none")
+    if config.tls_cert:
+        log.info("serving HTTPS (TLS 1.2 and up) with the certificate %s", config.tls_cert)
     for variable in ServerConfig.unknown_env():
         log.warning("%s is no setting of idmint serve: ignored", variable)
     if down:
@@ -191,7 +216,18 @@ def _serve(config: ServerConfig, address: str) -> None:
             "silent connections are bounded only by --max-connections",
             config.http,
         )
-    Granian(
+    tls: dict[str, Any] = {}
+    if config.tls_cert:
+        from granian.constants import SSLProtocols
+
+        tls = {
+            "ssl_cert": Path(config.tls_cert),
+            "ssl_key": Path(config.tls_key),
+            # 1.2 too, not granian's default of 1.3 only: the drop-in routes' Java clients
+            # (Leaf's, tinyid's, CosId's) often run on JVMs whose TLS 1.3 is off.
+            "ssl_protocol_min": SSLProtocols.tls12,
+        }
+    server = Granian(
         TARGET,
         address=address,
         port=config.port,
@@ -211,7 +247,63 @@ def _serve(config: ServerConfig, address: str) -> None:
         factory=True,
         log_access=False,
         log_dictconfig=log_config(config.log_format),
-    ).serve()
+        **tls,
+    )
+    if config.tokens:
+        # After granian's own signal handlers (its startup sets them, then runs the hooks,
+        # then forks the workers).
+        server.on_startup(lambda: _reload_on_sighup(server, config))
+    server.serve()
+
+
+def _reload_on_sighup(server: Any, config: ServerConfig) -> None:
+    """With a tokens file, SIGHUP to the main process checks the file and, if it is good, has
+    every worker reload it in place. granian's own SIGHUP restarts the workers one by one,
+    which can reset the connections queued on a stopping worker (granian warns of it without
+    net.ipv4.tcp_migrate_req) and gives back every worker's ranges: too much for a token
+    change. A bad file is one error line here, and the workers keep their tokens."""
+    main = os.getpid()
+    implicit = implicit_tokens(config.token, config.client_token)
+
+    def forward(signum: int, frame: object) -> None:
+        if os.getpid() != main:
+            # A worker forked with this handler, its event loop's not installed yet: the app
+            # reloads once it is (App.reload_on_sighup).
+            note_pending_reload()
+            return
+        try:
+            tokens = read_tokens(config.tokens, implicit)
+        except InvalidArgument as exc:
+            log.error("tokens not reloaded, the workers keep theirs: %s", exc)
+            return
+        pids = [worker._id() for worker in list(server.wrks)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # a worker that just exited
+                os.kill(pid, signal.SIGHUP)
+        log.info(
+            "SIGHUP: %d tokens (%s) read from %s; %d workers reload them",
+            len(tokens),
+            ", ".join(t.name for t in tokens) or "none",
+            config.tokens,
+            len(pids),
+        )
+
+    signal.signal(signal.SIGHUP, forward)
+
+
+def check_tls(cert: str, key: str) -> None:
+    """Refuse a certificate and key granian could not serve, in one line (granian's own
+    check is a traceback)."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except OSError as exc:  # ssl.SSLError is one
+        reason = exc.strerror or getattr(exc, "reason", None) or str(exc)
+        raise InvalidArgument(
+            f"cannot serve TLS with --tls-cert {cert} and --tls-key {key}: {reason}"
+        ) from None
 
 
 def _raise_fd_limit(needed: int) -> None:
@@ -294,6 +386,8 @@ def _serve_uvicorn(config: ServerConfig) -> None:
         log_config=log_config(config.log_format),
         access_log=False,
         timeout_graceful_shutdown=config.shutdown_timeout,
+        ssl_certfile=config.tls_cert or None,  # never plain HTTP where TLS was asked for
+        ssl_keyfile=config.tls_key or None,
     )
 
 
@@ -317,6 +411,9 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        audit = getattr(record, AUDIT_FIELDS, None)
+        if isinstance(audit, dict):  # an audit line's own fields (app.audit), side by side
+            entry.update(audit)
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 

@@ -20,7 +20,11 @@ from .config import ServerConfig
 from .http import HttpError, bearer_is
 from .metrics_sources import Counters
 from .pools import Pool
+from .tokens import Token, TokenTable, implicit_tokens
 
+#: `IdService.bearers` with a tokens file: not empty (the id routes need a token), and no
+#: header equals it ("Bearer " and a secret never has parentheses first).
+PER_KEY = ("(per-key tokens)",)
 NEGATIVE_CACHE_SECONDS = 1.0
 BATCH_CAP_HEADER = "idmint-batch-cap"
 SECONDS_A_DAY = 86_400
@@ -166,16 +170,45 @@ class IdService:
             if config.client_token
             else ()
         )
+        #: The tokens file's tokens (with the two above as implicit entries), or None without
+        #: one: then nothing below changes from the checks above.
+        self.tokens: TokenTable | None = None
+        if config.tokens:
+            self.tokens = TokenTable(
+                config.tokens, implicit_tokens(config.token, config.client_token)
+            )
+            # Never a header: the id routes need a token, and which one depends on the key, so
+            # every check that finds `bearers` set asks `tokens` instead.
+            self.bearers = PER_KEY
 
     # -- who may take ids --------------------------------------------------------------------
 
     def accepts(self, authorization: str | None) -> bool:
         """Whether a request with this Authorization header may take ids: always when no
-        client token is set; else with it or the admin token."""
+        client token is set; else with it or the admin token. (With a tokens file, see
+        `access`.)"""
         if not self.bearers:
             return True
         tokens = (t for t in (self.config.client_token, self.config.token) if t)
         return any(bearer_is(authorization, token) for token in tokens)
+
+    def check_access(self, key: str | None, token: Token | None, how: str) -> None:
+        """With a tokens file: raise the 401 (no token of the file, `how` names how to give
+        one) or the 403 (a token that may not take ids of `key`; None: the snowflake routes)
+        of a request that carries `token`."""
+        tokens = self.tokens
+        if tokens is None:
+            return
+        if token is None:
+            raise HttpError(
+                401,
+                f"this route needs a token of the tokens file ({how})",
+                (("www-authenticate", 'Bearer realm="idmint"'),),
+            )
+        if token.name not in tokens.takers(key).names:
+            what = "ids" if key is None else f"ids of key {key!r}"
+            why = "ids = false" if not token.ids else "not in its keys"
+            raise HttpError(403, f"token {token.name!r} may not take {what} ({why})")
 
     # -- keys' rows --------------------------------------------------------------------------
 
