@@ -145,32 +145,53 @@ def redis_pair(*, link: str | None = None) -> Iterator[tuple[RedisServer, RedisS
 
 
 @contextlib.contextmanager
-def mariadb_pair(*, semi_sync: bool) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+def mariadb_pair(
+    *, semi_sync: bool, link: str | None = None, symmetric: bool = False
+) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
     """A MariaDB primary and a replica of it (server ids 1 and 2), the link up; with
     `semi_sync`, semi-synchronous replication on both (a commit waits up to 1 s for the
     replica's acknowledgement, then falls back to asynchronous). The replica is fit to be
     promoted, as failover managers (MaxScale, Orchestrator, replication-manager) require: it
-    follows by GTID and writes a binary log of its own, with what it applies."""
+    follows by GTID and writes a binary log of its own, with what it applies.
+
+    `link`: a loopback address both servers also listen on, which a replica follows its
+    primary through (see redis_pair). `symmetric`: both servers set up alike, so that either
+    can be the primary and the other its replica, over and over (failover and failback): each
+    logs what it applies (log_slave_updates is not dynamic), has semi-sync's primary and
+    replica sides on, and a replica reconnects within a second (MASTER_CONNECT_RETRY) and
+    notices a dead link within 5 s (slave_net_timeout) instead of a minute."""
     waits = ["--rpl-semi-sync-master-enabled=ON", "--rpl-semi-sync-master-timeout=1000"]
+    acks = ["--rpl-semi-sync-slave-enabled=ON"]
     binlog = ["--log-bin=binlog", "--binlog-format=ROW"]
-    primary = MariaDBServer(extra_options=["--server-id=1", *binlog, *(waits if semi_sync else [])])
+    applied = ["--log-slave-updates", "--relay-log=relay"]
+    either = [*binlog, *applied, "--slave-net-timeout=5"]
+    if semi_sync:
+        either += [*waits, *acks]
+    # After the default bind address: it wins.
+    listen = [f"--bind-address={LOOPBACK},{link}"] if link else []
+    primary = MariaDBServer(
+        extra_options=["--server-id=1", *listen, *either]
+        if symmetric
+        else ["--server-id=1", *listen, *binlog, *(waits if semi_sync else [])]
+    )
     replica = MariaDBServer(
-        extra_options=[
-            "--server-id=2",
-            *binlog,
-            "--log-slave-updates",
-            "--relay-log=relay",
-            *(["--rpl-semi-sync-slave-enabled=ON"] if semi_sync else []),
-        ]
+        extra_options=["--server-id=2", *listen, *either]
+        if symmetric
+        else ["--server-id=2", *listen, *binlog, *applied, *(acks if semi_sync else [])]
     )
     try:
+        # In parallel: each start is mostly mariadb-install-db, a second or two.
+        starting = threading.Thread(target=replica.start, daemon=True)
+        starting.start()
         primary.start()
-        replica.start()
+        starting.join()
+        replica.start()  # a no-op once it runs; a start that failed there is tried again
+        retry = ", MASTER_CONNECT_RETRY=1" if symmetric else ""
         # Both fresh: the replica's empty gtid_slave_pos is the primary's first GTID.
         sql(
             replica,
-            f"CHANGE MASTER TO MASTER_HOST='{LOOPBACK}', MASTER_PORT={primary.port}, "
-            "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos",
+            f"CHANGE MASTER TO MASTER_HOST='{link or LOOPBACK}', MASTER_PORT={primary.port}, "
+            f"MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos{retry}",
             "START SLAVE",
         )
         wait_until(lambda: binlog_dumps(primary) == 1, 30, "the replica to connect")
@@ -254,8 +275,9 @@ class Forwarder:
     cut: the request reached the server (a write was applied), its client never learns it
     (an ambiguous outcome)."""
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, host: str = LOOPBACK) -> None:
         self._target = target
+        self.host = host  # where `target` listens (a cluster member on an address of its own)
         self.drop_replies = False
         self._listener = socket.create_server((LOOPBACK, 0))
         self.port = int(self._listener.getsockname()[1])
@@ -299,7 +321,7 @@ class Forwarder:
             except OSError:
                 return
             try:
-                server = socket.create_connection((LOOPBACK, self._target), timeout=5)
+                server = socket.create_connection((self.host, self._target), timeout=5)
             except OSError:
                 client.close()  # nothing listens there (the primary is down): refused
                 continue
