@@ -55,6 +55,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="the summary as JSON, last line")
     parser.add_argument("--picture", type=Path, help="where the run's HTML page goes")
     parser.add_argument("--keep", type=Path, help="keep the clients' records in this folder")
+    parser.add_argument(
+        "--batch-scale",
+        type=int,
+        default=1,
+        metavar="N",
+        help="multiply every client's batch by N (long runs: more ids, as many calls)",
+    )
     smoke_option(parser)
     args = parser.parse_args()
     apply_smoke(args, seconds=5.0, setup=args.setup or "sqlite")
@@ -65,11 +72,20 @@ def main() -> None:
     print(f"torture: setup {setup}, seed {seed}, {args.seconds:g} s", file=sys.stderr, flush=True)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-    summary = torture(setup, seed, args.seconds, unsafe=args.unsafe, workdir=args.keep)
+    if args.batch_scale < 1:
+        parser.error("--batch-scale must be 1 or more")
+    summary = torture(
+        setup,
+        seed,
+        args.seconds,
+        unsafe=args.unsafe,
+        workdir=args.keep,
+        batch_scale=args.batch_scale,
+    )
     picture = args.picture or Path(tempfile.gettempdir()) / f"torture-{setup}-{seed}.html"
     picture.write_text(render_html(summary))
     summary["picture"] = str(picture)
-    summary["replay"] = replay_command(setup, seed, args.seconds, args.unsafe)
+    summary["replay"] = replay_command(setup, seed, args.seconds, args.unsafe, args.batch_scale)
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "timeline"}))
     else:
@@ -84,9 +100,13 @@ def main() -> None:
         sys.exit(1)
 
 
-def replay_command(setup: str, seed: int, seconds: float, unsafe: bool) -> str:
-    return f"python bench/torture.py --seed {seed} --seconds {seconds:g} --setup {setup}" + (
-        " --unsafe" if unsafe else ""
+def replay_command(
+    setup: str, seed: int, seconds: float, unsafe: bool, batch_scale: int = 1
+) -> str:
+    return (
+        f"python bench/torture.py --seed {seed} --seconds {seconds:g} --setup {setup}"
+        + (" --unsafe" if unsafe else "")
+        + (f" --batch-scale {batch_scale}" if batch_scale != 1 else "")
     )
 
 

@@ -17,7 +17,14 @@ member its own loopback address, for its client and its peer ports alike, so tha
 drop the traffic *to* one member by address. Linux gives every loopback connection the source
 address 127.0.0.1 whatever its destination, so a rule on a source address matches nothing, and
 a member's own outgoing connections (to its peers' addresses) are not cut by a rule on its
-address: a ``-d 127.0.0.x -j DROP`` is a one-way partition, not a full one.
+address: a ``-d 127.0.0.x -j DROP`` is a one-way partition, not a full one. For a full one,
+``cgroups=True`` starts every member in a cgroup (v2) of its own, which tells its packets
+apart, and ``member.isolate()`` cuts it from its peers both ways, its clients left alone
+(harness.Partition.isolate_member)::
+
+    with EtcdCluster(addresses=loopback_addresses(3), cgroups=True) as cluster:
+        cut = cluster.members[0].isolate()        # a minority member: no quorum, clients in
+        cut.heal()
 
 Every member is its own process group (pause/resume signal the group), watched by servers.py's
 watchdog (killed if the test process dies without running atexit), and an atexit hook closes
@@ -35,6 +42,7 @@ import ipaddress
 import itertools
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -51,6 +59,8 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 from kazoo.client import KazooClient
 from server_zookeeper import JAVA, MAIN, find_classpath
 
+from harness import Partition
+from server_cassandra import cgroup_dir
 from server_etcd import ETCD
 from servers import (
     LOOPBACK,
@@ -131,6 +141,8 @@ class _Member(Pausable, Generic[ClusterT]):
         self.dir.mkdir()
         self.log_path = self.dir / "server.log"
         self.paused = False
+        #: its own cgroup (v2 path), set by a cluster made with cgroups=True: see isolate()
+        self.cgroup: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._watchdog: _Watchdog | None = None
         self._argv: list[str] = []
@@ -147,6 +159,11 @@ class _Member(Pausable, Generic[ClusterT]):
 
     def _env(self) -> dict[str, str] | None:
         return None
+
+    @property
+    def peer_ports(self) -> tuple[int, ...]:
+        """The ports it listens on for its peers (on its address)."""
+        raise NotImplementedError
 
     def serving(self) -> bool:
         """One probe: the member is up and part of a cluster that has a leader."""
@@ -182,6 +199,9 @@ class _Member(Pausable, Generic[ClusterT]):
         if self._proc is not None:
             self.kill()
         self._argv = self._command()
+        if self.cgroup is not None:  # its packets can be told apart (isolate())
+            procs = cgroup_dir(self.cgroup) / "cgroup.procs"
+            self._argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *self._argv]
         with self.log_path.open("ab") as log:
             self._log_offset = log.tell()
             proc = subprocess.Popen(
@@ -250,6 +270,20 @@ class _Member(Pausable, Generic[ClusterT]):
         if watchdog is not None:
             watchdog.disarm()
 
+    def isolate(self, partition: Partition | None = None) -> Partition:
+        """Cut it off from its peers, both ways, while clients still reach it (a member of a
+        minority keeps its clients and has no quorum); the Partition (``partition``, or a
+        new one) whose heal() ends the cut. Needs a cluster made with cgroups=True."""
+        if self.cgroup is None:
+            raise ValueError(f"{self}: isolate() needs a cluster made with cgroups=True")
+        others = [p for m in self.cluster.members if m is not self for p in m.peer_ports]
+        cut = partition if partition is not None else Partition()
+        # a connmark of its own (its cluster's, random, and its index): clusters of runs at
+        # once, and members cut at once, mark their connections apart
+        mark = self.cluster.mark + self.index
+        cut.isolate_member(self.cgroup, self.address, self.peer_ports, others, mark)
+        return cut
+
     def pause(self) -> None:
         """SIGSTOP: a hung member whose sockets stay open."""
         if self.is_running:
@@ -279,6 +313,7 @@ class _Cluster(Generic[MemberT]):
         size: int,
         addresses: Sequence[str] | None,
         startup_timeout: float,
+        cgroups: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, not {size}")
@@ -296,6 +331,11 @@ class _Cluster(Generic[MemberT]):
         ]
         self._closed = False
         atexit.register(self.close)
+        self.mark = random.randrange(1, 2**24) << 4  # see _Member.isolate
+        if cgroups:
+            for member in self.members:
+                member.cgroup = f"idmint-test-{self.base_dir.name}-{member.name}"
+                cgroup_dir(member.cgroup).mkdir()
 
     def _member(self, index: int, address: str) -> MemberT:
         raise NotImplementedError
@@ -397,6 +437,10 @@ class _Cluster(Generic[MemberT]):
         finally:
             shutil.rmtree(self.base_dir, ignore_errors=True)
             atexit.unregister(self.close)
+            for member in self.members:
+                if member.cgroup is not None:  # empty once its processes are gone
+                    with contextlib.suppress(OSError):
+                        cgroup_dir(member.cgroup).rmdir()
 
     def __enter__(self) -> Self:
         self.start()
@@ -430,6 +474,10 @@ class EtcdMember(_Member["EtcdCluster"]):
     @property
     def peer_url(self) -> str:
         return f"http://{self.address}:{self.peer_port}"
+
+    @property
+    def peer_ports(self) -> tuple[int, ...]:
+        return (self.peer_port,)
 
     def _command(self) -> list[str]:
         cluster = self.cluster
@@ -487,12 +535,13 @@ class EtcdCluster(_Cluster[EtcdMember]):
         startup_timeout: float = 60.0,
         heartbeat_ms: int = 50,
         election_ms: int = 500,
+        cgroups: bool = False,
     ) -> None:
         if not Path(ETCD).is_file():
             raise ServerStartError(f"etcd not found at {ETCD} (set IDMINT_ETCD)")
         self.heartbeat_ms, self.election_ms = heartbeat_ms, election_ms
         self.token = f"idmint-{uuid.uuid4().hex[:12]}"
-        super().__init__(size, addresses, startup_timeout)
+        super().__init__(size, addresses, startup_timeout, cgroups)
 
     def _member(self, index: int, address: str) -> EtcdMember:
         return EtcdMember(self, index, address)
@@ -532,6 +581,10 @@ class ZooKeeperMember(_Member["ZooKeeperEnsemble"]):
 
     def pick_ports(self) -> None:
         self.port, self.peer_port, self.election_port = free_port(), free_port(), free_port()
+
+    @property
+    def peer_ports(self) -> tuple[int, ...]:
+        return (self.peer_port, self.election_port)
 
     def _write_config(self) -> Path:
         cluster = self.cluster
@@ -598,11 +651,12 @@ class ZooKeeperEnsemble(_Cluster[ZooKeeperMember]):
         addresses: Sequence[str] | None = None,
         startup_timeout: float = 60.0,
         tick_ms: int = 200,
+        cgroups: bool = False,
     ) -> None:
         self.classpath = find_classpath()
         self.tick_ms = tick_ms
         self._check_ids = itertools.count()
-        super().__init__(size, addresses, startup_timeout)
+        super().__init__(size, addresses, startup_timeout, cgroups)
 
     def _member(self, index: int, address: str) -> ZooKeeperMember:
         return ZooKeeperMember(self, index, address)

@@ -53,8 +53,8 @@ class Partition:
     def __init__(self) -> None:
         self._added: list[list[str]] = []
 
-    def _drop(self, *match: str) -> None:
-        rule = ["OUTPUT", "-p", "tcp", *match, "-m", "comment", "--comment", TAG, "-j", "DROP"]
+    def _drop(self, *match: str, target: Sequence[str] = ("DROP",)) -> None:
+        rule = ["OUTPUT", "-p", "tcp", *match, "-m", "comment", "--comment", TAG, "-j", *target]
         _iptables("-I", *rule)
         self._added.append(rule)
 
@@ -69,6 +69,38 @@ class Partition:
         still reaches itself (Cassandra sends its own Paxos messages through its port)."""
         self._drop("-m", "cgroup", "--path", cgroup, "!", "-d", address, "--dport", str(port))
         self._drop("-m", "cgroup", "!", "--path", cgroup, "-d", address, "--dport", str(port))
+
+    def isolate_member(
+        self,
+        cgroup: str,
+        address: str,
+        ports: Sequence[int],
+        peer_ports: Sequence[int],
+        mark: int,
+    ) -> None:
+        """A cluster member cut from its peers both ways, its clients left alone. It listens
+        for its peers on address:`ports`: every packet to or from those. It reaches its peers'
+        `peer_ports` from 127.0.0.1 like anyone: what its processes (their cgroup) send there
+        marks the connection (conntrack, with `mark`: a value of this member's alone), and
+        every packet of a marked connection is dropped, so the peers' answers too (they cannot
+        be told apart from any other packet to 127.0.0.1: only the connection can). A
+        connection it made is marked by its first packet after the cut (at worst one segment
+        of a peer's gets through); only the member that made a connection marks it."""
+        own = ",".join(map(str, ports))
+        theirs = ",".join(map(str, peer_ports))
+        self._drop("-m", "connmark", "--mark", f"{mark:#x}")
+        # inserted after the drop, so matched before it: a packet marks, then is dropped
+        self._drop(
+            "-m", "cgroup", "--path", cgroup, "-m", "multiport", "--dports", theirs,
+            target=("CONNMARK", "--set-mark", f"{mark:#x}"),
+        )  # fmt: skip
+        self._drop("-d", address, "-m", "multiport", "--dports", own)
+        self._drop("-s", address, "-m", "multiport", "--sports", own)
+
+    def cut_from_cgroup(self, cgroup: str, address: str, port: int) -> None:
+        """What the processes of `cgroup` send to address:port: one node's link to another
+        (cut both ways for a split between two nodes)."""
+        self._drop("-m", "cgroup", "--path", cgroup, "-d", address, "--dport", str(port))
 
     def heal(self) -> None:
         while self._added:
@@ -90,8 +122,10 @@ def heal_all() -> None:
     ).stdout
     for line in out.splitlines():
         if TAG in line and line.startswith("-A "):
-            # -S quotes the comment; the rule is the same without the quotes
-            _iptables("-D", *line.replace('"', "").split()[1:])
+            # -S quotes the comment; the rule is the same without the quotes. Gone meanwhile
+            # (another run healed it) is healed too.
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _iptables("-D", *line.replace('"', "").split()[1:])
 
 
 class Node(Protocol):

@@ -94,13 +94,14 @@ def _taker(spec: dict[str, Any]) -> tuple[Callable[[], list[tuple[int, int, int]
             return lambda: runs(flake.next_ids(batch)), minter
     if via == "client":
         client = idmint.Client(spec["server"], timeout=WAIT)
-        if kind == "segment":
+        if kind in ("segment", "datacenter"):  # a server with --dc: the same routes
             remote = client.segment(key)
             return lambda: runs(remote.next_ids(batch)), client
     if via == "http":
         http = httpx.Client(base_url=spec["server"], timeout=WAIT)
         path = {
             "segment": f"/v1/keys/{key}/ids",
+            "datacenter": f"/v1/keys/{key}/ids",  # a server with --dc serves them there
             "quorum": f"/v1/quorum/{key}/ids",
             "snowflake": "/v1/snowflake/ids",
         }[kind]
@@ -119,9 +120,12 @@ def _taker(spec: dict[str, Any]) -> tuple[Callable[[], list[tuple[int, int, int]
         command = [sys.executable, "-m", "idmint", "--store", spec["url"], "next", key]
 
         def over_cli() -> list[tuple[int, int, int]]:
-            done = subprocess.run(
-                [*command, "-n", str(batch)], capture_output=True, text=True, timeout=30
-            )
+            try:
+                done = subprocess.run(
+                    [*command, "-n", str(batch)], capture_output=True, text=True, timeout=30
+                )
+            except subprocess.TimeoutExpired:  # a failed call (its ids, if any, burnt), not
+                raise CliFailed(["timed out"]) from None  # the end of this client
             if done.returncode != 0:
                 raise CliFailed(done.stderr.strip().splitlines()[-1:] or [""])
             return runs(int(line) for line in done.stdout.split())

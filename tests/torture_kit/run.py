@@ -35,6 +35,8 @@ CLIENT = str(Path(__file__).with_name("client.py"))
 STARTUP, RECOVERY = 90.0, 60.0
 #: Seconds after a fault ends that its outage is still counted.
 GRACE = 5.0
+#: The largest batch a scaled client asks for (idmint serve's MAX_IDS per call).
+MAX_BATCH = 100_000
 
 
 class Client:
@@ -131,15 +133,18 @@ def torture(
     *,
     unsafe: bool = False,
     workdir: Path | None = None,
+    batch_scale: int = 1,
 ) -> dict[str, Any]:
-    """Run the set-up under the seed's faults for `seconds`; the summary (see the module)."""
+    """Run the set-up under the seed's faults for `seconds`; the summary (see the module).
+    `batch_scale` multiplies every client's batch: long runs reach millions of ids while
+    the calls (and the checker's work per call) stay as many."""
     rng = random.Random(seed)
     heal_all()
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="torture-")))
         setup = stack.enter_context(SETUPS[setup_name](workdir, unsafe))
-        servers, clients = _start(setup, workdir, stack)
+        servers, clients = _start(setup, workdir, stack, batch_scale)
         targets = Targets(
             {c.name: c for c in clients},
             servers,
@@ -166,7 +171,7 @@ def torture(
 
 
 def _start(
-    setup: Setup, workdir: Path, stack: contextlib.ExitStack
+    setup: Setup, workdir: Path, stack: contextlib.ExitStack, batch_scale: int = 1
 ) -> tuple[dict[str, Server], list[Client]]:
     servers: dict[str, Server] = {}
     if any(spec["via"] in ("http", "client") for _, spec in setup.clients):
@@ -178,6 +183,8 @@ def _start(
     clients = []
     for n, (name, spec) in enumerate(setup.clients):
         spec = {"url": setup.store, **spec}
+        # capped at what one HTTP call may ask for (the server's MAX_IDS)
+        spec["batch"] = min(spec["batch"] * batch_scale, max(spec["batch"], MAX_BATCH))
         if spec["via"] in ("http", "client"):
             server = list(servers.values())[n % len(servers)]
             spec |= {"server": server.process.url, "server_name": server.name}
