@@ -557,9 +557,19 @@ def open_datacenter(
         if dc_store is not None:
             raise InvalidArgument("a datacenter's store (dc_store) needs its name (dc)")
         return DatacenterRanges(global_cas)
-    local = (
-        engine.local_cas(dc) if dc_store is None else open_engine(dc_store, timeout=timeout).cas()
-    )
+    if dc_store is None:
+        return DatacenterRanges(global_cas, engine.local_cas(dc), dc)
+    local = open_engine(dc_store, timeout=timeout).cas()
+    if getattr(local, "datacenter_local", False) and getattr(local, "datacenter", None) != dc:
+        # LOCAL_SERIAL in another datacenter (or in whichever one the driver reaches): its
+        # rounds would run in a Paxos group apart from this datacenter's own.
+        named = getattr(local, "datacenter", None)
+        where = f"datacenter {named!r}" if named else "whichever datacenter it reaches (no ?dc=)"
+        local.close()
+        raise InvalidArgument(
+            f"datacenter {dc!r}: its store {local.display_url} decides at LOCAL_SERIAL in "
+            f"{where}, not in {dc!r}: give ?dc={dc}"
+        )
     return DatacenterRanges(global_cas, local, dc)
 
 

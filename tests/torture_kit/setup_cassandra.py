@@ -13,15 +13,18 @@ both, segment keys beside them.
   serving), and n1 cut off from n2 (dc1's LOCAL_SERIAL needs both: dc1 serves from what it
   holds, its segment keys from SERIAL through n3).
 
-Negative control (`--unsafe`): one datacenter's store shared by two datacenter names. Processes
-named dc2 whose store is dc1's (`--dc-store` a copy of dc1's URL, at LOCAL_SERIAL in dc1) serve
-dc2's cell beside dc2's own processes, each side with its own datacenter's Paxos group: the
-cell's compare-and-sets no longer exclude each other, and both sides hand out the same ranges.
-The binding of a datacenter name to its store (datacenter_store._check_bound) compares the
-stores' identities, and both are the one keyspace: idmint accepts it as it is, no unsafe option
-needed (a gap: the binding does not name the Paxos group a cell's rounds run in). The nemesis
-cuts dc2 off first and every third fault (then the two groups see nothing of each other's
-writes).
+Negative control (`--unsafe`): a datacenter moved to another store while its processes still
+serve, which `idmint dc reset` says not to do. Processes named dc2 whose store is the keyspace at
+SERIAL through dc1's nodes (`--dc-store`) run beside dc2's own (LOCAL_SERIAL on n3): one
+keyspace, two Paxos groups, so the binding of dc2 to its store refuses whichever side it does
+not name. The control's "failover" resets the binding to the other side (`dc reset`, as an
+operator who moved the datacenter would), alternately: the side now bound reads dc2's cell as the
+other side left it and serves the same reservation beside it. The nemesis cuts dc2 off often
+(then the two groups see nothing of each other's writes).
+
+Before the binding named where a store's compare-and-sets are decided, it took no reset: the
+same processes, at LOCAL_SERIAL in dc1, were bound to the keyspace's identity like dc2's own,
+and repeated ids (seed 1: 5,190) with nothing refused.
 """
 
 from __future__ import annotations
@@ -108,8 +111,8 @@ def cassandra_2dc(workdir: Path, unsafe: bool) -> Iterator[Setup]:
             serve_args=["--dc", "dc2"], bounds={**STORE_BOUNDS, **BOUNDS}, splits=splits,
         )  # fmt: skip
         if unsafe:
-            # dc1's store under the name dc2: its URL, at LOCAL_SERIAL in dc1.
-            shared = dcs.global_url("dc1") + "&serial=LOCAL_SERIAL"
+            # dc2's cells through dc1's nodes at SERIAL: the keyspace, another Paxos group.
+            shared = dcs.global_url("dc1")
             setup.clients += [
                 (
                     f"unsafe-dc2-on-dc1-store-{n}",
@@ -125,8 +128,20 @@ def cassandra_2dc(workdir: Path, unsafe: bool) -> Iterator[Setup]:
                 )
                 for n, key in enumerate(("dc", "dc32"))
             ]
-            setup.unsafe_what = "dc1's store (LOCAL_SERIAL in dc1) shared by datacenters dc1, dc2"
-            setup.unsafe_fault = "split"
+            setup.unsafe_what = "dc2 reset to another Paxos group of its keyspace while serving"
+            sides = [shared, None]  # the next `dc reset` binds dc2 to sides[0]
+
+            def reset() -> str:
+                store = sides[0]
+                with idmint.connect(dcs.global_url("dc2"), timeout=10) as minter:
+                    dcs2 = minter.datacenters("dc2", dc_store=store)
+                    for key in ("dc", "dc32"):
+                        _retry(lambda key=key: dcs2.reset(key))  # type: ignore[misc]
+                sides.reverse()
+                return "dc2 reset to " + ("SERIAL through dc1" if store else "its own nodes")
+
+            setup.switch = reset
+            setup.unsafe_fault = "failover"
         yield setup
 
 

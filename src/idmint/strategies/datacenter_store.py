@@ -103,6 +103,7 @@ class DatacenterCellStore(ForkAware):
         self._spent_until: dict[str, float] = {}  # key -> monotonic time: global space gone
         self._seen: dict[str, LocalRow] = {}  # key -> its cell as this process last wrote it
         self._local_id: dict[str, str] | None = None  # the local store, as bindings name it
+        self._bare_id: str | None = None  # its identity alone, as bindings before scopes did
         self.global_level = GlobalLevel(None, None, None)
         self._stopping = threading.Event()
         self._watch_fork()
@@ -209,7 +210,13 @@ class DatacenterCellStore(ForkAware):
         if self._local_id is None:
             identity = self.local_cas.identity()
             url = self.local_cas.display_url
-            self._local_id = {"id": identity.id if identity is not None else url, "url": url}
+            self._bare_id = identity.id if identity is not None else url
+            # One Cassandra keyspace decided at SERIAL, or at LOCAL_SERIAL in one datacenter or
+            # another, is as many stores: each Paxos group decides the cell apart from the
+            # others (seed 1 of bench/torture.py --setup cassandra-2dc --unsafe repeated ids so).
+            scope = getattr(self.local_cas, "decided_in", None)
+            shown = self._bare_id if scope is None else f"{self._bare_id} ({scope})"
+            self._local_id = {"id": shown, "url": url}
         return self._local_id
 
     def _check_bound(self, name: str, top: GlobalRow) -> bool:
@@ -219,6 +226,8 @@ class DatacenterCellStore(ForkAware):
         if bound is None:
             return False
         mine = self._local_store()
+        if bound["id"] == self._bare_id != mine["id"]:
+            return False  # bound before bindings named the scope: this grant binds it anew
         if bound["id"] != mine["id"]:
             raise InvalidArgument(
                 f"datacenter {self.dc!r} of key {name!r} keeps its cell in {bound['url']} "

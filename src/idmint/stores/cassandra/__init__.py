@@ -75,6 +75,19 @@ class CassandraCasStore(Capability):
         datacenters can then both win one swap (see DatacenterRanges)."""
         return self._conn.settings.serial == "LOCAL_SERIAL"
 
+    @property
+    def decided_in(self) -> str:
+        """Where its compare-and-sets are decided: one keyspace's rows decided by two Paxos
+        groups (SERIAL, or LOCAL_SERIAL in two datacenters) are two stores, whatever their
+        identity says (see DatacenterCellStore's binding)."""
+        settings = self._conn.settings
+        return "SERIAL" if settings.serial == "SERIAL" else f"LOCAL_SERIAL in {settings.dc}"
+
+    @property
+    def datacenter(self) -> str | None:
+        """The datacenter its URL names (?dc=): where its coordinators are."""
+        return self._conn.settings.dc
+
     def read(self, key: str) -> tuple[str, int] | None:
         conn = self._open()
         rows = conn.serial_read(f"SELECT value, version FROM {conn.cells} WHERE name = ?", (key,))
