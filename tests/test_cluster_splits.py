@@ -33,7 +33,7 @@ def _leader(member: EtcdMember) -> str:
     return (_etcd_view(member) or (0, ""))[1]
 
 
-def _stays(predicate: Callable[[], bool], seconds: float = 3.0) -> bool:
+def _stays(predicate: Callable[[], bool], seconds: float = 1.5) -> bool:
     """True throughout `seconds` (a cut that leaks ends sooner or later: a member rejoins)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

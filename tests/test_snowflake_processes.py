@@ -20,7 +20,7 @@ from servers import wait_until
 # Short in CI (seven engines share its 30 minutes), long on request; counted from the first id,
 # as sixteen processes take seconds to start on two cores (more on Cassandra, a Paxos round a
 # lease).
-SOAK_SECONDS = float(os.environ.get("IDMINT_SOAK_SECONDS", "8" if os.environ.get("CI") else "60"))
+SOAK_SECONDS = float(os.environ.get("IDMINT_SOAK_SECONDS", "5" if os.environ.get("CI") else "60"))
 
 
 @pytest.mark.slow

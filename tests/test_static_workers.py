@@ -60,10 +60,10 @@ def test_static_and_leased_workers_share_a_store(
 
         # Paused past its ttl, the static holder resumes by itself: nobody else may take its id.
         holder.send_signal(signal.SIGSTOP)
-        time.sleep(ttl + 1.5)
+        time.sleep(ttl + 0.75)
         holder.send_signal(signal.SIGCONT)
         resumed_at = time.time()
-        time.sleep(ttl + 2.0)
+        time.sleep(ttl + 1.0)
 
         ids: list[int] = []
         holds: list[tuple[int, int, float, float]] = []
