@@ -82,7 +82,9 @@ def test_kill_9_at_random_moments(shared_store_url: str) -> None:
     fresh = [start_worker(shared_store_url, "kill", 2000, small_steps=True) for _ in range(3)]
     for proc in fresh:
         ids += collect(proc)
-    assert killed_ids > 1000, "the killed workers did almost nothing: the test tested nothing"
+    # 20 ids a killed worker at least (a Cassandra worker's takes are Paxos rounds: 805 ids
+    # from CI's 25 kills once, the 1,000 of 50 kills too many for them)
+    assert killed_ids > 20 * KILLS, "the killed workers did almost nothing: the test tested nothing"
     assert_unique(ids)
 
 
