@@ -1,4 +1,5 @@
-"""Checkers every test uses: ids unique, inside bounds, ranges disjoint."""
+"""Checkers every test uses: ids unique, inside bounds, ranges disjoint; what a store that
+refuses a client says."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+import pytest
+
+import idmint
 from idmint import Range, StoreUnavailable
 
 
@@ -108,3 +112,26 @@ def assert_within_bound(bound: float, calls: dict[str, Callable[[], object]]) ->
         elif took > bound:
             problems.append(f"{name}: StoreUnavailable after {took:.1f} s (bound {bound:g} s)")
     assert not problems, "\n".join(problems)
+
+
+def refusal(url: str, timeout: float = 10.0) -> StoreUnavailable:
+    """What the first use of the store at `url` raises (a key added, an id taken): a store
+    that refuses this client (TLS, password, grant)."""
+    with (
+        pytest.raises(StoreUnavailable) as caught,
+        idmint.connect(url, timeout=timeout) as minter,
+    ):
+        minter.add_key("k")
+        minter.take("k", 1)
+    return caught.value
+
+
+def one_clear_line(error: BaseException, secret: str, *shown: str) -> str:
+    """The error's message, checked: one line, without `secret`, with each of `shown` (the
+    store's scheme, host and port: it names the store)."""
+    text = str(error)
+    assert "\n" not in text, text
+    assert secret not in text, text
+    for piece in shown:
+        assert piece in text, f"{piece!r} not in {text!r}"
+    return text

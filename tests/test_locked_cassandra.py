@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 import idmint
-from idmint import StoreUnavailable
 from idmint.stores.cassandra.grants import GRANTS, grant_cql
 
 from certs import Certs
+from checks import one_clear_line, refusal
 from server_cassandra import CassandraServer, keyspace_name
 
 _names = itertools.count(1)
@@ -40,19 +40,8 @@ def locked(cassandra_server: CassandraServer) -> tuple[CassandraServer, str, str
     return cassandra_server.locked_node(), url, password.group(1)
 
 
-def _failure(url: str) -> StoreUnavailable:
-    with pytest.raises(StoreUnavailable) as caught, idmint.connect(url, timeout=10) as minter:
-        minter.add_key("k")
-        minter.take("k", 1)
-    return caught.value
-
-
 def _one_clear_line(error: Exception, secret: str, node: CassandraServer) -> str:
-    text = str(error)
-    assert "\n" not in text
-    assert secret not in text
-    assert f"@{node.host}:{node.port}/" in text or f"//{node.host}:{node.port}/" in text
-    return text
+    return one_clear_line(error, secret, f"{node.host}:{node.port}/")
 
 
 def test_the_documented_grant_is_the_tested_one() -> None:
@@ -81,7 +70,7 @@ def test_a_wrong_ca_is_refused_in_one_line(
 ) -> None:
     node, url, password = locked
     text = _one_clear_line(
-        _failure(url.replace(f"ca={certs.ca}", f"ca={certs.wrong_ca}")), password, node
+        refusal(url.replace(f"ca={certs.ca}", f"ca={certs.wrong_ca}")), password, node
     )
     assert "TLS: the server's certificate was not accepted" in text
 
@@ -90,20 +79,20 @@ def test_a_client_without_its_certificate_is_refused(
     locked: tuple[CassandraServer, str, str],
 ) -> None:
     node, url, password = locked
-    text = _one_clear_line(_failure(re.sub(r"&cert=[^&]*&key=[^&]*", "", url)), password, node)
+    text = _one_clear_line(refusal(re.sub(r"&cert=[^&]*&key=[^&]*", "", url)), password, node)
     assert "TLS: the handshake failed" in text
 
 
 def test_a_wrong_password_is_refused_in_one_line(locked: tuple[CassandraServer, str, str]) -> None:
     node, url, password = locked
     wrong = "Wr0ng-" + password[::-1]
-    text = _one_clear_line(_failure(url.replace(password, wrong)), wrong, node)
+    text = _one_clear_line(refusal(url.replace(password, wrong)), wrong, node)
     assert "refused the URL's user and password" in text
 
 
 def test_no_password_is_asked_for(locked: tuple[CassandraServer, str, str]) -> None:
     node, url, password = locked
-    text = _one_clear_line(_failure(re.sub(r"//[^@]+@", "//", url)), password, node)
+    text = _one_clear_line(refusal(re.sub(r"//[^@]+@", "//", url)), password, node)
     assert "requires a user and password" in text
 
 
@@ -119,7 +108,7 @@ def test_a_user_without_the_grant_is_told_what_is_missing(
     grants = tuple(g for g in GRANTS if g != missing)
     password = node.make_user(user, grants, keyspace)
     shown = re.sub(r"//[^@]+@", f"//{user}:{password}@", url)
-    text = _one_clear_line(_failure(shown), password, node)
+    text = _one_clear_line(refusal(shown), password, node)
     assert f"lacks a permission (User {user} has no {missing} permission" in text
     assert "docs/stores.md" in text
 
@@ -131,5 +120,5 @@ def test_a_user_may_not_make_what_an_administrator_did_not(
     keyspace is missing)."""
     node, url, password = locked
     elsewhere = re.sub(r"/(\w+)\?", r"/\1_none?", url)
-    text = _one_clear_line(_failure(elsewhere), password, node)
+    text = _one_clear_line(refusal(elsewhere), password, node)
     assert "lacks a permission" in text and "CREATE" in text

@@ -16,12 +16,13 @@ from typing import cast
 import pytest
 
 import idmint
-from idmint import InvalidArgument, StoreUnavailable
+from idmint import InvalidArgument
 from idmint.cli import main
 from idmint.stores import open_engine
 from idmint.stores.etcd import EtcdCasStore
 
 from certs import Certs
+from checks import one_clear_line, refusal
 from server_etcd import EtcdServer
 
 
@@ -46,23 +47,8 @@ def _user(server: EtcdServer, prefix: str | None) -> tuple[str, str]:
     return user, password
 
 
-def _failure(url: str, timeout: float = 5.0) -> StoreUnavailable:
-    """What taking ids on `url` raises."""
-    with (
-        pytest.raises(StoreUnavailable) as caught,
-        idmint.connect(url, timeout=timeout) as minter,
-    ):
-        minter.add_key("k")
-        minter.take("k", 1)
-    return caught.value
-
-
 def _one_clear_line(error: Exception, password: str, port: int) -> str:
-    text = str(error)
-    assert "\n" not in text
-    assert password not in text
-    assert "etcd://" in text and f":{port}/" in text  # the store is named
-    return text
+    return one_clear_line(error, password, "etcd://", f":{port}/")
 
 
 def test_the_documented_grant_is_the_tested_one() -> None:
@@ -84,7 +70,7 @@ def test_a_wrong_ca_is_refused_in_one_line(locked: EtcdServer, certs: Certs) -> 
     prefix = _name()
     user, password = _user(locked, prefix)
     url = locked.url_as(user, password, prefix, ca=certs.wrong_ca)
-    text = _one_clear_line(_failure(url), password, locked.port)
+    text = _one_clear_line(refusal(url), password, locked.port)
     assert "TLS: the server's certificate was not accepted" in text
 
 
@@ -100,7 +86,7 @@ def expired_etcd(certs: Certs) -> Iterator[EtcdServer]:
 def test_an_expired_server_certificate_is_refused_in_one_line(expired_etcd: EtcdServer) -> None:
     password = "Pw-" + secrets.token_urlsafe(12)
     url = expired_etcd.url_as("idmint", password, "x")
-    text = _one_clear_line(_failure(url), password, expired_etcd.port)
+    text = _one_clear_line(refusal(url), password, expired_etcd.port)
     assert "TLS: the server's certificate was not accepted (certificate has expired)" in text
 
 
@@ -108,13 +94,13 @@ def test_a_wrong_password_is_refused_in_one_line(locked: EtcdServer) -> None:
     prefix = _name()
     user, password = _user(locked, prefix)
     wrong = "Wr0ng-" + password[::-1]
-    text = _one_clear_line(_failure(locked.url_as(user, wrong, prefix)), wrong, locked.port)
+    text = _one_clear_line(refusal(locked.url_as(user, wrong, prefix)), wrong, locked.port)
     assert f"authentication failed: wrong user name or password for etcd user {user!r}" in text
 
 
 def test_a_user_without_the_role_is_refused_in_one_line(locked: EtcdServer) -> None:
     user, password = _user(locked, None)
-    text = _one_clear_line(_failure(locked.url_as(user, password, "nr")), password, locked.port)
+    text = _one_clear_line(refusal(locked.url_as(user, password, "nr")), password, locked.port)
     assert f"permission denied: etcd user {user!r} needs a role with readwrite" in text
     assert "'nr/'" in text
 
@@ -123,13 +109,13 @@ def test_a_role_on_another_prefix_grants_nothing_here(locked: EtcdServer) -> Non
     """The grant is the prefix's range: a user of prefix A cannot touch prefix B's keys."""
     mine, theirs = _name(), _name()
     user, password = _user(locked, mine)
-    text = _one_clear_line(_failure(locked.url_as(user, password, theirs)), password, locked.port)
+    text = _one_clear_line(refusal(locked.url_as(user, password, theirs)), password, locked.port)
     assert "permission denied" in text
 
 
 def test_no_user_on_an_etcd_with_auth_is_refused_in_one_line(locked: EtcdServer) -> None:
     url = locked.url_as("u", "p", "anon").replace("u:p@", "")
-    text = _one_clear_line(_failure(url), "p@", locked.port)
+    text = _one_clear_line(refusal(url), "p@", locked.port)
     assert "permission denied: a client without a user (add user:password@)" in text
 
 
@@ -139,7 +125,7 @@ def test_tls_without_the_client_certificate_is_refused_in_one_line(
     prefix = _name()
     user, password = _user(locked, prefix)
     url = locked.url_as(user, password, prefix).partition("&cert=")[0]
-    text = _one_clear_line(_failure(url), password, locked.port)
+    text = _one_clear_line(refusal(url), password, locked.port)
     assert "TLS: the handshake failed" in text and "client certificate? cert=PATH" in text
 
 
@@ -155,7 +141,7 @@ def test_a_client_certificate_with_a_common_name_is_explained(
         .replace(str(locked.client.cert), str(certs.client_cert))
         .replace(str(locked.client.key), str(certs.client_key))
     )
-    text = _one_clear_line(_failure(url), password, locked.port)
+    text = _one_clear_line(refusal(url), password, locked.port)
     assert "refuses a client certificate with a CommonName" in text
 
 
@@ -163,7 +149,7 @@ def test_plain_http_to_the_tls_port_is_no_store(locked: EtcdServer) -> None:
     prefix = _name()
     user, password = _user(locked, prefix)
     url = locked.url_as(user, password, prefix).partition("?")[0]
-    _one_clear_line(_failure(url), password, locked.port)
+    _one_clear_line(refusal(url), password, locked.port)
 
 
 def test_a_dropped_token_is_replaced(locked: EtcdServer) -> None:

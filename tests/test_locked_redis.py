@@ -20,24 +20,13 @@ from idmint import StoreUnavailable
 from idmint.stores.redis.acl import COMMANDS, acl_rule
 
 from certs import Certs
+from checks import one_clear_line, refusal
 from server_redis import RedisServer
 from servers import wait_until
 
 
-def _failure(url: str) -> StoreUnavailable:
-    """What taking ids on `url` raises (a new key first)."""
-    with pytest.raises(StoreUnavailable) as caught, idmint.connect(url) as minter:
-        minter.add_key("k")
-        minter.take("k", 1)
-    return caught.value
-
-
 def _one_clear_line(error: Exception, password: str, port: int) -> str:
-    text = str(error)
-    assert "\n" not in text
-    assert password not in text
-    assert f":{port}/" in text  # the store is named
-    return text
+    return one_clear_line(error, password, f":{port}/")
 
 
 def _user(server: RedisServer, name: str, rule: str | None = None) -> tuple[str, str]:
@@ -62,16 +51,14 @@ def test_the_documented_rule_is_the_tested_one() -> None:
 def test_a_wrong_ca_is_refused_in_one_line(redis_server: RedisServer, certs: Certs) -> None:
     url, password = _user(redis_server, "lr_ca")
     url = url.replace(f"ca={certs.ca}", f"ca={certs.wrong_ca}")
-    text = _one_clear_line(_failure(url), password, redis_server.tls_port or 0)
+    text = _one_clear_line(refusal(url), password, redis_server.tls_port or 0)
     assert "TLS: the server's certificate was not accepted" in text
 
 
 def test_a_wrong_password_is_refused_in_one_line(redis_server: RedisServer) -> None:
     url, password = _user(redis_server, "lr_pw")
     wrong = "Wr0ng-" + password[::-1]
-    text = _one_clear_line(
-        _failure(url.replace(password, wrong)), wrong, redis_server.tls_port or 0
-    )
+    text = _one_clear_line(refusal(url.replace(password, wrong)), wrong, redis_server.tls_port or 0)
     assert "refused the URL's user and password" in text
 
 
@@ -79,7 +66,7 @@ def test_plain_text_on_the_tls_port_is_no_store(redis_server: RedisServer) -> No
     """The client certificate is required there: TLS without one fails its handshake."""
     url, password = _user(redis_server, "lr_nocert")
     url = re.sub(r"&cert=[^&]*&key=[^&]*", "", url)
-    text = _one_clear_line(_failure(url), password, redis_server.tls_port or 0)
+    text = _one_clear_line(refusal(url), password, redis_server.tls_port or 0)
     assert "TLS:" in text
 
 
@@ -99,13 +86,13 @@ def test_a_user_without_a_command_idmint_needs_is_told_which(
     name = f"lr_no_{missing}"
     rule = acl_rule(name).replace(f" +{missing}", "")
     url, password = _user(redis_server, name, rule)
-    text = _one_clear_line(_failure(url), password, redis_server.tls_port or 0)
+    text = _one_clear_line(refusal(url), password, redis_server.tls_port or 0)
     assert said in text and "docs/stores.md" in text
 
 
 def test_a_user_of_another_prefix_is_refused_its_keys(redis_server: RedisServer) -> None:
     url, password = _user(redis_server, "lr_keys", acl_rule("someone_else"))
-    text = _one_clear_line(_failure(url), password, redis_server.tls_port or 0)
+    text = _one_clear_line(refusal(url), password, redis_server.tls_port or 0)
     assert "may not use the keys under its prefix" in text
 
 
@@ -114,7 +101,7 @@ def test_an_expired_server_certificate_is_refused(certs: Certs) -> None:
     server.start()
     try:
         url, password = _user(server, "lr_expired")
-        text = _one_clear_line(_failure(url), password, server.tls_port or 0)
+        text = _one_clear_line(refusal(url), password, server.tls_port or 0)
         assert "certificate has expired" in text
     finally:
         server.close()

@@ -21,11 +21,12 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl_credential
 from server_zookeeper import ZooKeeperServer
 
 import idmint
-from idmint import InvalidArgument, StoreUnavailable
+from idmint import InvalidArgument
 from idmint.cli import main
 from idmint.stores import open_engine, open_lease_store
 
 from certs import Certs
+from checks import one_clear_line, refusal
 
 SECRET = "Zq7-s3cr3t-Pw9"
 
@@ -42,23 +43,8 @@ def _user(server: ZooKeeperServer) -> tuple[str, str, str]:
     return chroot, chroot, password
 
 
-def _failure(url: str, timeout: float = 10.0) -> StoreUnavailable:
-    """What taking ids on `url` raises."""
-    with (
-        pytest.raises(StoreUnavailable) as caught,
-        idmint.connect(url, timeout=timeout) as minter,
-    ):
-        minter.add_key("k")
-        minter.take("k", 1)
-    return caught.value
-
-
 def _one_clear_line(error: Exception, password: str, port: int) -> str:
-    text = str(error)
-    assert "\n" not in text
-    assert password not in text
-    assert "zk://" in text and f":{port}/" in text  # the store is named
-    return text
+    return one_clear_line(error, password, "zk://", f":{port}/")
 
 
 @pytest.fixture
@@ -145,7 +131,7 @@ def _cells(zk: ZooKeeperServer, chroot: str, user: str, password: str) -> list[s
 def test_a_wrong_ca_is_refused_in_one_line(zk: ZooKeeperServer, certs: Certs) -> None:
     chroot, user, password = _user(zk)
     url = zk.url_as(user, password, chroot, ca=certs.wrong_ca)
-    text = _one_clear_line(_failure(url), password, zk.secure_port or 0)
+    text = _one_clear_line(refusal(url), password, zk.secure_port or 0)
     assert "TLS: the server's certificate was not accepted" in text
 
 
@@ -165,7 +151,7 @@ def test_an_expired_server_certificate_is_refused_in_one_line(
     password = "Pw-" + secrets.token_urlsafe(12)
     url = expired_zookeeper.url_as("idmint", password, "x")
     # the JVM's first handshake is slow, and this server's is its first
-    text = _one_clear_line(_failure(url, 30), password, expired_zookeeper.secure_port or 0)
+    text = _one_clear_line(refusal(url, 30), password, expired_zookeeper.secure_port or 0)
     assert "TLS: the server's certificate was not accepted (certificate has expired)" in text
 
 
@@ -173,7 +159,7 @@ def test_a_wrong_password_is_refused_in_one_line(zk: ZooKeeperServer) -> None:
     """ZooKeeper takes any digest (it only names an identity): the ACL refuses it."""
     chroot, user, password = _user(zk)
     wrong = "Wr0ng-" + password[::-1]
-    text = _one_clear_line(_failure(zk.url_as(user, wrong, chroot)), wrong, zk.secure_port or 0)
+    text = _one_clear_line(refusal(zk.url_as(user, wrong, chroot)), wrong, zk.secure_port or 0)
     assert f"permission denied: the node's ACL does not let ZooKeeper user {user!r}" in text
     assert "a wrong password is another digest identity" in text
 
@@ -181,7 +167,7 @@ def test_a_wrong_password_is_refused_in_one_line(zk: ZooKeeperServer) -> None:
 def test_tls_without_the_client_certificate_is_refused_in_one_line(zk: ZooKeeperServer) -> None:
     chroot, user, password = _user(zk)
     url = zk.url_as(user, password, chroot).partition("&cert=")[0]
-    text = _one_clear_line(_failure(url), password, zk.secure_port or 0)
+    text = _one_clear_line(refusal(url), password, zk.secure_port or 0)
     assert "TLS: the handshake failed" in text and "client certificate? cert=PATH" in text
 
 

@@ -219,8 +219,9 @@ class App:
             return
         try:
             loop.add_signal_handler(signal.SIGHUP, self.reload_tokens)
-        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
-            # Not the main thread, or no SIGHUP (Windows): reload_tokens() stays callable.
+        except (NotImplementedError, RuntimeError, ValueError):
+            # Not the main thread, or no SIGHUP (Windows): reload_tokens() stays callable,
+            # and a SIGHUP is only noted (run.py's handler, inherited over fork).
             log.warning("SIGHUP cannot reload the tokens in this process")
             return
         if tokens_module.take_pending_reload():

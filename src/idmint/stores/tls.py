@@ -21,6 +21,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import parse_qsl
 
 from .._errors import InvalidArgument
 
@@ -80,6 +81,19 @@ def tls_settings(query: Mapping[str, str], display: str) -> TlsSettings | None:
     if flag in _FALSE:
         raise bad("tls=0 contradicts ca= or cert=")
     return TlsSettings(ca, cert, key)
+
+
+def tls_only(query_text: str, display: str) -> TlsSettings | None:
+    """`tls_settings` of a URL whose query takes the TLS parameters alone (etcd://, zk://):
+    InvalidArgument for any other, which would otherwise go unheeded."""
+    query = dict(parse_qsl(query_text, keep_blank_values=True))
+    unknown = sorted(set(query) - TLS_PARAMS)
+    if unknown:
+        raise InvalidArgument(
+            f"bad store URL {display!r}: unknown parameter {unknown[0]!r} "
+            f"(only {', '.join(sorted(TLS_PARAMS))})"
+        )
+    return tls_settings(query, display)
 
 
 def handshake_failure(exc: BaseException) -> str | None:

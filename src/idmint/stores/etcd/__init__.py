@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..._errors import InvalidArgument
 from .._urls import ENCODE_HINT, misplaced_at, scrub
@@ -22,7 +22,7 @@ from ..base import StoreIdentity
 from ..engine import Engine
 from ..over_cas.quorum import CasQuorumNode
 from ..over_cas.ranges import CasRangeStore
-from ..tls import TLS_PARAMS, TlsSettings, tls_settings
+from ..tls import TlsSettings, tls_only
 from .client import Credentials, EtcdClient, Json, b64, prefix_end, put_op, unb64, unchanged
 from .leases import EtcdLeaseStore
 
@@ -136,11 +136,7 @@ def _parse_url(url: str, display: str) -> _Parsed:
             # etcd's RBAC knows users by name: a password alone names nobody
             raise bad("a password needs a user name (etcd://user:password@host:port)")
         credentials = Credentials(unquote(user), unquote(password))
-    query = dict(parse_qsl(query_text, keep_blank_values=True))
-    unknown = sorted(set(query) - TLS_PARAMS)
-    if unknown:
-        raise bad(f"unknown parameter {unknown[0]!r} (only {', '.join(sorted(TLS_PARAMS))})")
-    return _Parsed(endpoints, prefix, credentials, tls_settings(query, display))
+    return _Parsed(endpoints, prefix, credentials, tls_only(query_text, display))
 
 
 def open_etcd_engine(url: str, display: str, *, timeout: float) -> Engine:

@@ -31,7 +31,7 @@ cells and opens the engine.
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import quote, unquote
 
 from ..._errors import InvalidArgument, StoreUnavailable
 from .._urls import ENCODE_HINT, misplaced_at
@@ -39,7 +39,7 @@ from ..base import StoreIdentity
 from ..engine import Engine
 from ..over_cas.quorum import CasQuorumNode
 from ..over_cas.ranges import CasRangeStore
-from ..tls import TLS_PARAMS, tls_settings
+from ..tls import tls_only
 from .leases import ZooKeeperLeaseStore
 from .session import Kazoo, Session, SharedSession, Target, load_kazoo, store_identity
 
@@ -164,11 +164,7 @@ def _parse_url(url: str, display: str, kz: Kazoo) -> tuple[Target, str]:
     parts = path.split("/") if path else []
     if any(not _PATH_PART.fullmatch(p) or p in (".", "..") for p in parts):
         raise bad()
-    query = dict(parse_qsl(query_text, keep_blank_values=True))
-    unknown = sorted(set(query) - TLS_PARAMS)
-    if unknown:
-        raise bad(f"unknown parameter {unknown[0]!r} (only {', '.join(sorted(TLS_PARAMS))})")
-    tls = tls_settings(query, display)
+    tls = tls_only(query_text, display)
     # Files are read now: one that cannot be used is a bad URL, not a failed call.
     context = tls.context(display) if tls is not None else None
     target = Target(hosts, tls=tls, context=context)
