@@ -16,6 +16,8 @@ always` (tests/server_redis.py), each on a loopback address of its own, and meas
   clients8_ids_per_s      ours, --clients (8) client processes, each its own generator: direct,
                           no server (clients: how many)
   clients8_vs_single      clients8_ids_per_s / single_ids_per_s (contention's cost: >= 1.0)
+  clients8_density        the ids they got / the numbers from their lowest id to their highest:
+                          what contention's skips ahead spent (1.0: none; below 0.5 fails)
   group_ids_per_s         8 caller processes through `idmint serve --quorum` (group commit),
                           each request --batch ids (a range) of quorum key "group",
                           which the bench makes in the server's store first
@@ -23,7 +25,8 @@ always` (tests/server_redis.py), each on a loopback address of its own, and meas
                           found in every phase of ours (each call recorded: start, end, ids)
   smoke, seconds_total    whether --smoke ran, and the run's seconds, set-up included
   failed                  the checks that failed (empty: all passed; else the exit code is 1):
-                          violations, errors in a phase of ours, a phase of ours with no ids
+                          violations, errors in a phase of ours, a phase of ours with no ids,
+                          clients8_density below 0.5
 
 A phase whose processes die or hang stops the bench at once, with their error. --smoke makes
 every phase 0.3 s, with 2 clients and 2 callers: its figures mean nothing, its checks hold.
@@ -79,6 +82,15 @@ def violations(calls: list[Call]) -> int:
             i += 1
         late += call[2] <= highest
     return repeats + late
+
+
+def density(calls: list[Call]) -> float:
+    """Ids handed out / the numbers from the lowest to the highest (1.0 when no id was
+    skipped; 0.0 for no calls)."""
+    if not calls:
+        return 0.0
+    span = max(c[3] for c in calls) - min(c[2] for c in calls) + 1
+    return sum(c[3] - c[2] + 1 for c in calls) / span
 
 
 def _generator_client(urls: list[str], seconds: float, out: Any) -> None:
@@ -225,6 +237,8 @@ def group_commit(urls: list[str], args: argparse.Namespace, result: dict[str, An
 def checks(result: dict[str, Any]) -> list[str]:
     """The checks that failed: what must hold however short or busy the run."""
     failed = [] if result["violations"] == 0 else ["violations"]
+    if result["clients8_density"] < 0.5:
+        failed.append("clients8_density")
     for phase in ("single", "clients8", "group"):
         if result[f"{phase}_errors"]:
             failed.append(f"{phase}_errors")
@@ -285,6 +299,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["clients8_ids_per_s"] = round(len(calls8) / seconds)
         result["clients8_errors"] = sum(e for _, e in eight)
         result["clients8_vs_single"] = round(len(calls8) / max(1, len(single)), 2)
+        result["clients8_density"] = round(density(calls8), 3)
 
         group = group_commit(urls, args, result)
         result["violations"] = violations(single) + violations(calls8) + violations(group)

@@ -173,16 +173,18 @@ def test_with_the_opt_in_a_failover_hands_out_ids_again(
         # round_wait: a slow answer on a busy machine must not lose a round (the next would
         # skip ahead at random), so that the ids are these exactly
         options = QuorumOptions(replicated_nodes=True, round_wait=5.0)
-        first = open_quorum("ticket", _urls(prefix, primary, b, c), options)
+        # c before b: a round asks a majority first (the primary and c), the rest only when
+        # one of them fails
+        first = open_quorum("ticket", _urls(prefix, primary, c, b), options)
         try:
-            handed = list(first.next_ids(10))  # on all three: their counters at 10
+            handed = list(first.next_ids(10))  # on the primary (and its replica) and c: at 10
             c.stop()
             # The replica lags: it stops following before the next round reaches it
             # (a promotion with `replicaof no one`), then its primary dies.
             client = replica.client()
             client.replicaof("NO", "ONE")
             client.close()
-            handed += list(first.next_ids(10))  # 11..20 on the primary and b only
+            handed += list(first.next_ids(10))  # 11..20 on the primary and b (c is down)
         finally:
             first.close()
         primary.kill()

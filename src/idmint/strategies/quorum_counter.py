@@ -32,6 +32,8 @@ MAX_SPREAD = 64
 #: Seconds a multiplexed node's answer may be late before its connection is dropped (the
 #: claim may still apply: its ids are burnt, never handed out).
 OVERDUE = 2.0
+#: The least time a round waits for its first nodes before asking the rest (_hedge_after).
+HEDGE_FLOOR = 0.002
 
 
 @dataclass
@@ -90,6 +92,7 @@ class QuorumCounter(ForkAware):
         self._lock = threading.Lock()  # one request at a time
         self._guess = self.options.start  # the next start worth trying
         self._spread = 1.0  # how widely a round's start is spread above it (see take)
+        self._round_time = 0.0  # seconds a won round takes, averaged (see _hedge_after)
         self.rounds = self.retries = self.burnt = 0
         self._lost = 0  # nodes this key refused: their counter of it went back
         #: Called between choosing a round's start and sending its claims (tests pause here).
@@ -187,11 +190,15 @@ class QuorumCounter(ForkAware):
         """On the node's thread: check the node and the key's counter there if due, then
         claim (or only check)."""
         try:
-            if slot.check_due(self.nodes.recheck):
+            asked = slot.check_due(self.nodes.recheck)
+            if asked:
                 self.nodes.check_node(slot)
             if self._mine[slot.index].check_due(slot, self.options.recheck):
                 self._check_key(slot)
+                asked = True
             if claim is None:
+                if asked:  # it answered: up (a node no round needs is seen up again)
+                    slot.health.answered()
                 return False, 0
             applied, counter = slot.node.claim(self.key, *claim)
         except Exception as exc:
@@ -253,13 +260,84 @@ class QuorumCounter(ForkAware):
     # -- multiplexed rounds ------------------------------------------------------------------
 
     def _mux_round(self, start: int, end: int, until: float) -> _Outcome:
-        """`_round` on MultiplexedQuorumNodes: send the claim to each node, then read the
-        answers as they come. A node is sent a claim only once its previous answer (maybe
-        another key's) is read; connecting and checking a node run on its own thread, never
-        holding up a round."""
+        """`_round` on MultiplexedQuorumNodes: send the claim to a majority of the nodes (the
+        first usable ones, in the order given), then read the answers as they come. The other
+        nodes are sent it too when one of those fails, when callers split them (some took it,
+        some refused), or when one has not answered within `_hedge_after`; not when only
+        refusals came (the round is stale: the rest cannot make it win). A round needs a
+        majority, not every node: claims to the rest cost each a write and an fsync, and the
+        client a send and a read, for nothing while all is well; with eight clients on one
+        machine that was a third of the CPU an id took (issue 31). A node is sent a claim
+        only once its previous answer (maybe another key's) is read; connecting and checking a
+        node run on its own thread, never holding up a round."""
         outcome = _Outcome()
         live: dict[int, NodeSlot] = {}
-        for slot in self._slots:
+        reserve = list(self._slots)
+        sent_at = time.monotonic()
+        self._mux_send_until(self.majority, reserve, start, end, outcome, live)
+        while outcome.applied < self.majority <= outcome.applied + len(live) + len(reserve):
+            now = time.monotonic()
+            short = outcome.applied + len(live) < self.majority  # the first nodes cannot win it
+            if reserve and (
+                now - sent_at >= self._hedge_after  # one is slow
+                or (short and (outcome.errors or outcome.applied))  # failed, or callers split
+            ):
+                self._mux_send_until(len(self._slots), reserve, start, end, outcome, live)
+                continue
+            left = until - now
+            if left <= 0:
+                outcome.errors += [f"{s.node.display_url}: no answer" for s in live.values()]
+                break
+            if reserve:
+                left = min(left, max(0.0, sent_at + self._hedge_after - now))
+            for fd in readable(live, left):
+                slot = live.pop(fd)
+                answer = _mux_receive(slot)
+                if isinstance(answer, Exception):
+                    outcome.errors.append(f"{slot.node.display_url}: {answer}")
+                elif answer:
+                    outcome.applied += 1
+                else:
+                    outcome.refused += 1
+        if outcome.applied >= self.majority:  # how long a round takes here, for the hedge
+            self._round_time += (time.monotonic() - sent_at - self._round_time) / 8
+        for slot in reserve:  # not asked: kept connected and checked, ready for a hedge
+            self._keep_ready(slot)
+        return outcome
+
+    def _keep_ready(self, slot: NodeSlot) -> None:
+        """Connect the slot's node, or check it again when due, on its own thread: a node a
+        round did not need is still watched (its health, every `recheck` seconds)."""
+        node = cast(MultiplexedQuorumNode, slot.node)
+        if self._refused(slot) is not None:
+            return
+        if not (slot.checked and node.mux_connected()):
+            self._prepare(slot)
+        elif slot.check_due(self.nodes.recheck) or self._mine[slot.index].check_due(
+            slot, self.options.recheck
+        ):
+            self._prepare(slot, recheck=True)
+
+    @property
+    def _hedge_after(self) -> float:
+        """Seconds a round waits for its first nodes before asking the rest as well: a few
+        times a usual round, so a slow node costs little, and not less than HEDGE_FLOOR."""
+        return max(HEDGE_FLOOR, 4 * self._round_time)
+
+    def _mux_send_until(
+        self,
+        count: int,
+        slots: list[NodeSlot],
+        start: int,
+        end: int,
+        outcome: _Outcome,
+        live: dict[int, NodeSlot],
+    ) -> None:
+        """Send the claim [start, end] to the usable nodes among `slots`, in order, until
+        `count` claims are out (`live`, by descriptor); each is taken off `slots`, and why a
+        node was not usable goes in the outcome's errors."""
+        while slots and len(live) + outcome.applied + outcome.refused < count:
+            slot = slots.pop(0)
             node = cast(MultiplexedQuorumNode, slot.node)
             url = node.display_url
             if (refused := self._refused(slot)) is not None:
@@ -285,22 +363,6 @@ class QuorumCounter(ForkAware):
             slot.outstanding, slot.sent_at = (self, start), time.monotonic()
             slot.health.in_flight = True
             live[node.fileno()] = slot
-        while outcome.applied < self.majority <= outcome.applied + len(live):
-            left = until - time.monotonic()
-            if left <= 0:
-                outcome.errors += [f"{s.node.display_url}: no answer" for s in live.values()]
-                break
-            ready = readable(live, left)
-            for fd in ready:
-                slot = live.pop(fd)
-                answer = _mux_receive(slot)
-                if isinstance(answer, Exception):
-                    outcome.errors.append(f"{slot.node.display_url}: {answer}")
-                elif answer:
-                    outcome.applied += 1
-                else:
-                    outcome.refused += 1
-        return outcome
 
     def _drain(self, slot: NodeSlot) -> bool:
         """Read the late answer to the slot's outstanding claim if it has come (True: the node
@@ -346,7 +408,7 @@ class QuorumCounter(ForkAware):
         wait_cap = options.first_wait
         with self._lock:
             while True:
-                start, seen = self._next_start(count)
+                start = self._next_start(count)
                 end = start + count - 1
                 if self.before_claim is not None:
                     self.before_claim(start, end)
@@ -356,7 +418,7 @@ class QuorumCounter(ForkAware):
                     self._spread = max(1.0, self._spread * 0.95)
                     self.rounds += 1
                     return Range(start, end + 1)
-                self._lost_round(outcome, count, end, seen)
+                self._lost_round(outcome, count, end)
                 # Then a random wait, doubling with each loss: fewer callers race at once. But
                 # a round every node refused only had a stale start, which their answers just
                 # corrected; a caller that waited after each of those would be stale again each
@@ -370,13 +432,11 @@ class QuorumCounter(ForkAware):
                 if time.monotonic() >= give_up:
                     raise self._no_majority(outcome)
 
-    def _next_start(self, count: int) -> tuple[int, int]:
-        """(the start of the next round of `count` ids, the highest counter seen on any node).
-        Called with `_lock` held."""
+    def _next_start(self, count: int) -> int:
+        """The start of the next round of `count` ids. Called with `_lock` held."""
         options = self.options
         counters = sorted(m.counter for m in self._mine)
-        seen = counters[-1]
-        start = max(self._guess, seen + 1, options.start)
+        start = max(self._guess, counters[-1] + 1, options.start)
         if start + count - 1 > options.max:
             # The guess is past the bound, but it may only reflect claims a minority
             # took (lost rounds, skips ahead): a round wins wherever a majority is
@@ -388,23 +448,26 @@ class QuorumCounter(ForkAware):
         if self._spread > 1:  # callers have been contending: see _lost_round
             room = (options.max - (start + count - 1)) // count  # skips within the bound
             start += count * _jitter.randrange(max(1, min(int(self._spread), room + 1)))
-        return start, seen
+        return start
 
-    def _lost_round(self, outcome: _Outcome, count: int, end: int, seen: int) -> None:
+    def _lost_round(self, outcome: _Outcome, count: int, end: int) -> None:
         """Count a round of `count` ids up to `end` that won no majority, and move the next
         round's start on. Called with `_lock` held."""
         self.retries += 1
         if outcome.applied:
             self.burnt += count
         if outcome.applied or outcome.refused:
-            # Other callers got there first. Retrying at once, one above the highest
-            # counter seen, they would all claim the same start again and split the
-            # nodes again. So each round skips a random number of ids ahead, from a
-            # spread that doubles with each loss and shrinks slowly with each win:
-            # claims at different starts mostly all apply (a node takes every claim
-            # above its counter), where claims at one start split the nodes. The
-            # skipped ids are never handed out: numbers are spent, not time.
-            if seen:  # a fresh counter's first refusal only tells it where the key is
+            # Other callers got there first. If some nodes took this round and others
+            # refused it, callers split the nodes: retrying at once, one above the highest
+            # counter seen, they would all claim the same start again and split them
+            # again. So each round skips a random number of ids ahead, from a spread that
+            # doubles with each split and shrinks slowly with each win: claims at different
+            # starts mostly all apply (a node takes every claim above its counter). The
+            # skipped ids are never handed out: numbers are spent, not time. A round every
+            # node refused was only stale (their answers say where the key is now), no
+            # split: widening on those too had eight clients hand out one id in ten of the
+            # numbers they spent (issue 31).
+            if outcome.applied:
                 self._spread = min(self._spread * 2, MAX_SPREAD)
             # The next round starts above every counter seen; above this round's end only if
             # a node took it. A round every node refused claimed nothing: skipping its ids
