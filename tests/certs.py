@@ -9,8 +9,13 @@ expired yesterday. Keys are EC P-256: quick to make, and every engine's TLS stac
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,3 +172,37 @@ def make_certs(directory: Path) -> Certs:
         expired_key=_write_key(expired_key, directory / "expired-key.pem"),
         server_bundle=bundle,
     )
+
+
+@contextlib.contextmanager
+def tls_listener(cert: Path, key: Path, client_ca: Path | None = None) -> Iterator[int]:
+    """A TLS listener on 127.0.0.1 that completes handshakes (and requires a client
+    certificate signed by `client_ca`, if given); yields its port."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                continue
+            with contextlib.suppress(OSError), conn:
+                conn.settimeout(2)
+                with context.wrap_socket(conn, server_side=True) as tls:
+                    tls.sendall(b"ok")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        sock.close()

@@ -5,9 +5,9 @@ never the password: a wrong CA, a client without its certificate, a wrong passwo
 password at all, a user without docs/stores.md's grant (each permission missing in turn).
 
 The store contract suites run on `cassandra-locked` (conftest.LOCKED_ENGINES). An expired
-server certificate is not started here: it would cost a third Cassandra JVM (10 to 40 s) for
-a check made on the client, by Python's ssl module, as for every engine; tests/test_locked_redis.py
-and tests/test_tls_settings.py show that message on a real server."""
+server certificate is served by a TLS listener in front of the driver (certs.tls_listener), not
+by a third Cassandra JVM (10 to 40 s to start): the check is the client's, by Python's ssl
+module under the driver, and the listener shows the driver's error as the user reads it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 import idmint
 from idmint.stores.cassandra.grants import GRANTS, grant_cql
 
-from certs import Certs
+from certs import Certs, tls_listener
 from checks import one_clear_line, refusal
 from server_cassandra import CassandraServer, keyspace_name
 
@@ -73,6 +73,17 @@ def test_a_wrong_ca_is_refused_in_one_line(
         refusal(url.replace(f"ca={certs.ca}", f"ca={certs.wrong_ca}")), password, node
     )
     assert "TLS: the server's certificate was not accepted" in text
+
+
+def test_an_expired_server_certificate_is_refused_in_one_line(
+    locked: tuple[CassandraServer, str, str], certs: Certs
+) -> None:
+    node, url, password = locked
+    with tls_listener(certs.expired_cert, certs.expired_key) as port:
+        served = url.replace(f"@{node.host}:{node.port}/", f"@127.0.0.1:{port}/")
+        assert served != url
+        text = one_clear_line(refusal(served, timeout=5), password, f"127.0.0.1:{port}/")
+    assert "TLS: the server's certificate was not accepted (certificate has expired)" in text
 
 
 def test_a_client_without_its_certificate_is_refused(

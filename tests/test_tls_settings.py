@@ -5,11 +5,8 @@ certificate the listener requires."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import ssl
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,45 +15,12 @@ from idmint import InvalidArgument
 from idmint.stores.tls import TlsSettings, handshake_failure, tls_settings
 
 from certs import Certs, make_certs
+from certs import tls_listener as listener
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-@contextlib.contextmanager
-def listener(cert: Path, key: Path, client_ca: Path | None = None) -> Iterator[int]:
-    """A TLS listener on 127.0.0.1 that completes handshakes (and requires a client
-    certificate signed by `client_ca`, if given); yields its port."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    if client_ca is not None:
-        context.load_verify_locations(client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    sock = socket.create_server(("127.0.0.1", 0))
-    sock.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = sock.accept()
-            except TimeoutError:
-                continue
-            with contextlib.suppress(OSError), conn:
-                conn.settimeout(2)
-                with context.wrap_socket(conn, server_side=True) as tls:
-                    tls.sendall(b"ok")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(5)
-        sock.close()
 
 
 def handshake(settings: TlsSettings, port: int, host: str = "127.0.0.1") -> bytes:

@@ -18,6 +18,7 @@ one line (`handshake_failure`): an unknown CA, an expired certificate, a name th
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,10 +109,18 @@ def handshake_failure(exc: BaseException) -> str | None:
         if isinstance(current, ssl.SSLError):
             return f"TLS: the handshake failed ({_reason(current)})"
         current = current.__cause__ or current.__context__
+    # A driver that keeps only the text (the Cassandra driver: "... Last error: [SSL:
+    # CERTIFICATE_VERIFY_FAILED] certificate verify failed: certificate has expired (_ssl.c:1006)")
     text = str(exc)
     if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
-        return "TLS: the server's certificate was not accepted"
+        why = _VERIFY_REASON.search(text)
+        return "TLS: the server's certificate was not accepted" + (
+            f" ({why.group(1)})" if why else ""
+        )
     return None
+
+
+_VERIFY_REASON = re.compile(r"certificate verify failed: ([^()\[\]]+?) \(_ssl")
 
 
 def _reason(exc: BaseException) -> str:
