@@ -800,10 +800,17 @@ POSTGRES_TLS_GROUP = "idmint_tls_clients"
 LOCKED_OWNER = "idmint_owner"
 LOCKED_DATABASE = "idmint_locked"
 
+#: The role that logs in by its client certificate alone (pg_hba.conf `cert`: the certificate's
+#: common name, tests/certs.py's client certificate's, names the role).
+POSTGRES_CERT_ROLE = "idmint"
+
 _POSTGRES_HBA = f"""\
-# Written by tests/servers.py: locked-down roles over TLS with a password (issue 33), the rest
-# as initdb --auth=trust had them. The first line that matches decides.
+# Written by tests/servers.py: locked-down roles over TLS with a password (issue 33), or with
+# a client certificate, the rest as initdb --auth=trust had them. The first line that matches
+# decides.
 local   all          all                                 trust
+hostssl all          {POSTGRES_CERT_ROLE}                127.0.0.0/8  cert
+host    all          {POSTGRES_CERT_ROLE}                127.0.0.0/8  reject
 hostssl all          +{POSTGRES_TLS_GROUP}  127.0.0.0/8  scram-sha-256
 host    all          +{POSTGRES_TLS_GROUP}  127.0.0.0/8  reject
 host    all          all                   127.0.0.0/8  trust

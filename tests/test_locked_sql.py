@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote, urlsplit
 import psycopg
 import pymysql
 import pytest
+from psycopg import sql
 
 import idmint
 from idmint import InvalidArgument, StoreUnavailable
@@ -32,6 +33,7 @@ from replicated import mariadb_pair
 from servers import (
     LOCKED_DATABASE,
     MARIADB_GRANTS,
+    POSTGRES_CERT_ROLE,
     POSTGRES_GRANTS,
     MariaDBServer,
     PostgresServer,
@@ -130,6 +132,36 @@ def test_postgres_wrong_ca_expired_certificate_wrong_password(
     missing = url.replace(str(certs.ca), str(certs.directory / "missing.pem"))
     with pytest.raises(InvalidArgument, match=r"cannot read sslrootcert=.*missing\.pem"):
         idmint.connect(missing)
+
+
+def test_postgres_a_client_certificate_logs_in_without_a_password(
+    postgres: PostgresServer, certs: Certs
+) -> None:
+    """pg_hba.conf takes role idmint by its client certificate alone (`cert`: the server checks
+    it against its CA, and its common name names the role): libpq's sslcert and sslkey in the
+    URL, no password. Without the certificate, or with one the server's CA did not sign, the
+    role is refused in one line."""
+    store = _name("pg")
+    postgres.locked_store_url(store)  # the schema and its tables, made by their owner
+    names = {
+        "db": sql.Identifier(LOCKED_DATABASE),
+        "schema": sql.Identifier(store),
+        "user": sql.Identifier(POSTGRES_CERT_ROLE),
+    }
+    with psycopg.connect(postgres.url(LOCKED_DATABASE), autocommit=True) as conn:
+        with contextlib.suppress(psycopg.errors.DuplicateObject):
+            conn.execute(sql.SQL("CREATE ROLE {user} LOGIN").format(**names))
+        conn.execute(sql.SQL("ALTER ROLE {user} SET search_path = {schema}").format(**names))
+        for grant in POSTGRES_GRANTS:
+            conn.execute(sql.SQL(grant).format(**names))
+    base = postgres.locked_url(POSTGRES_CERT_ROLE, "", LOCKED_DATABASE).replace(":@", "@")
+    url = f"{base}&sslcert={certs.client_cert}&sslkey={certs.client_key}"
+    with idmint.connect(url, timeout=5) as minter:
+        minter.add_key("k")
+        assert list(minter.take("k", 3)) == [1, 2, 3]
+    refused = _refused(base)
+    assert "\n" not in refused and refused.startswith(f"store {redact(base)}"), refused
+    assert "certificate" in refused, refused
 
 
 def test_postgres_a_role_without_its_grants_is_told_which(postgres: PostgresServer) -> None:
