@@ -276,7 +276,16 @@ def _reload_on_sighup(server: Any, config: ServerConfig) -> None:
         except InvalidArgument as exc:
             log.error("tokens not reloaded, the workers keep theirs: %s", exc)
             return
-        pids = [worker._id() for worker in list(server.wrks)]
+        try:  # granian's own worker list (2.5 to 2.8): tests/test_tokens.py reloads through it
+            pids = [worker._id() for worker in list(server.wrks)]
+        except (AttributeError, TypeError) as exc:  # a granian whose internals moved
+            log.error(
+                "tokens not reloaded: this granian (%s) does not list its workers as idmint "
+                "expects (%s); restart the server to load them",
+                _granian_version(),
+                exc,
+            )
+            return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):  # a worker that just exited
                 os.kill(pid, signal.SIGHUP)
@@ -289,6 +298,12 @@ def _reload_on_sighup(server: Any, config: ServerConfig) -> None:
         )
 
     signal.signal(signal.SIGHUP, forward)
+
+
+def _granian_version() -> str:
+    from importlib.metadata import version
+
+    return version("granian")
 
 
 def check_tls(cert: str, key: str) -> None:
