@@ -107,14 +107,18 @@ class RedisServer(_RedisProcess):
         diskless_sync_delay: int = 0,
         certs: Certs | None = None,
         server_cert: Path | None = None,
+        tls_replication: bool = False,
     ) -> None:
         """`also`: more addresses to listen on (clients cut off apart: harness.Partition).
         `appendfsync`: the append-only file's fsync policy; None: no append-only file (a
         restart then comes back empty). `replica_of`: (host, port) of the primary it follows.
         `diskless_sync_delay`: seconds it waits, as a primary, before a replica's first sync
         (for more replicas to share it): 0 here, 5 in Redis's own default. `certs`: TLS on
-        `tls_port` too; `server_cert`: the certificate it shows there (certs.expired_cert, say)."""
+        `tls_port` too; `server_cert`: the certificate it shows there (certs.expired_cert, say);
+        `tls_replication`: it follows its primary over TLS (`replica_of` then names the primary's
+        TLS port) and tells it its own TLS port, which Sentinels then see."""
         self.server_cert = server_cert
+        self.tls_replication = tls_replication
         self.certs = certs  # TLS and auth for locked-down clients (issue 33)
         super().__init__(startup_timeout, host, "idmint-redis-")
         self.tls_port = free_port() if certs is not None else None
@@ -153,6 +157,8 @@ class RedisServer(_RedisProcess):
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
         if self.certs is not None and self.tls_port is not None:
             argv += tls_arguments(self.certs, self.tls_port, cert=self.server_cert)
+            if self.tls_replication:
+                argv += ["--tls-replication", "yes", *tls_client_arguments(self.certs)]
         self._spawn(argv)
 
     def stop(self) -> None:
@@ -234,6 +240,15 @@ def tls_arguments(certs: Certs, tls_port: int, *, cert: Path | None = None) -> l
     ]
 
 
+def tls_client_arguments(certs: Certs) -> list[str]:
+    """The certificate a server or Sentinel shows when it connects to another over TLS (to its
+    primary, to the servers it monitors): the client one, which the others require."""
+    return [
+        *("--tls-client-cert-file", str(certs.client_cert)),
+        *("--tls-client-key-file", str(certs.client_key)),
+    ]
+
+
 class SentinelServer(_RedisProcess):
     """A throw-away Redis Sentinel (`redis-server sentinel.conf --sentinel`) on 127.0.0.1 and
     a free port, its config file in a temporary directory: Sentinel rewrites it with its id,
@@ -243,10 +258,19 @@ class SentinelServer(_RedisProcess):
     what = "redis sentinel"
 
     def __init__(
-        self, startup_timeout: float = 20.0, *, host: str = LOOPBACK, password: str | None = None
+        self,
+        startup_timeout: float = 20.0,
+        *,
+        host: str = LOOPBACK,
+        password: str | None = None,
+        certs: Certs | None = None,
     ) -> None:
+        """`certs`: TLS on `tls_port` too (clients need a certificate of the test CA), and TLS
+        to the servers it monitors and the other Sentinels (`tls-replication`)."""
         super().__init__(startup_timeout, host, "idmint-sentinel-")
         self.password = password
+        self.certs = certs
+        self.tls_port = free_port() if certs is not None else None
         self.config_path = self.base_dir / "sentinel.conf"
 
     def start(self) -> None:
@@ -263,7 +287,11 @@ class SentinelServer(_RedisProcess):
             if self.password is not None:
                 lines.append(f'requirepass "{self.password}"')
             self.config_path.write_text("\n".join(lines) + "\n")
-        self._spawn([REDIS_SERVER, str(self.config_path), "--sentinel"])
+        argv = [REDIS_SERVER, str(self.config_path), "--sentinel"]
+        if self.certs is not None and self.tls_port is not None:
+            argv += tls_arguments(self.certs, self.tls_port)
+            argv += ["--tls-replication", "yes", *tls_client_arguments(self.certs)]
+        self._spawn(argv)
         client = self.client()
         try:
             # The test's pace (Redis 7 and later; an older Sentinel keeps its own): INFO to
@@ -299,9 +327,11 @@ class Sentinels:
     `monitor(service, primary)`, `primary(service)` (where they say it is), `url(service)`
     (a redis+sentinel:// store URL naming them all), `remove(service)`, `close()`."""
 
-    def __init__(self, count: int = 3, *, password: str | None = None) -> None:
+    def __init__(
+        self, count: int = 3, *, password: str | None = None, certs: Certs | None = None
+    ) -> None:
         self.password = password
-        self.servers = [SentinelServer(password=password) for _ in range(count)]
+        self.servers = [SentinelServer(password=password, certs=certs) for _ in range(count)]
 
     def start(self) -> Sentinels:
         start_all(self.servers)
@@ -326,14 +356,16 @@ class Sentinels:
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 4000,
         replicas: int = 1,
+        port: int | None = None,
     ) -> None:
-        """Every Sentinel monitors `primary` as `service`: it is down for them `down_after_ms`
-        after its last answer, and `quorum` of them agreeing start a failover. Returns once
+        """Every Sentinel monitors `primary` as `service` (at `port`: its TLS port, say): it is
+        down for them `down_after_ms` after its last answer, and `quorum` of them agreeing start
+        a failover. Returns once
         each Sentinel knows the others and the primary's `replicas` (what a failover needs)."""
         for server in self.servers:
             client = server.client()
             try:
-                client.sentinel_monitor(service, primary.host, primary.port, quorum)
+                client.sentinel_monitor(service, primary.host, port or primary.port, quorum)
                 client.sentinel_set(service, "down-after-milliseconds", down_after_ms)
                 client.sentinel_set(service, "failover-timeout", failover_timeout_ms)
             finally:
@@ -376,19 +408,23 @@ class Sentinels:
                 return str(found[0]), int(found[1])
         return None
 
-    def await_primary(self, service: str, server: RedisServer, timeout: float = 30) -> None:
-        """Return once the Sentinels name `server` the primary of `service` (a failover to it
-        done); TimeoutError after `timeout` s."""
+    def await_primary(
+        self, service: str, server: RedisServer, timeout: float = 30, *, port: int | None = None
+    ) -> None:
+        """Return once the Sentinels name `server` (at `port`, its TLS port say) the primary of
+        `service` (a failover to it done); TimeoutError after `timeout` s."""
+        port = port or server.port
         wait_until(
-            lambda: self.primary(service) == (server.host, server.port),
+            lambda: self.primary(service) == (server.host, port),
             timeout,
-            f"the Sentinels to name port {server.port} the primary of {service}",
+            f"the Sentinels to name port {port} the primary of {service}",
         )
 
-    def url(self, service: str, query: str = "") -> str:
-        """A redis+sentinel:// store URL of `service` through every Sentinel; `query` is
-        more parameters ("prefix=p&unsafe_replication=1")."""
-        hosts = ",".join(f"{s.host}:{s.port}" for s in self.servers)
+    def url(self, service: str, query: str = "", *, tls: bool = False) -> str:
+        """A redis+sentinel:// store URL of `service` through every Sentinel (their TLS ports
+        with `tls`: give ca=, cert= and key= in `query`); `query` is more parameters
+        ("prefix=p&unsafe_replication=1")."""
+        hosts = ",".join(f"{s.host}:{s.tls_port if tls else s.port}" for s in self.servers)
         params = [query] if query else []
         if self.password is not None:
             params.append(f"sentinel_password={self.password}")

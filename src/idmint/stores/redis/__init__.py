@@ -235,6 +235,7 @@ def _sentinel_client(
     # back off for seconds.
     sentinel_args = {**args.pop("sentinel"), **settings, "retry": sentinel_retry}
     manager = redis.sentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_args)
+    _keep_sentinel_failures(redis, manager)
     client = manager.master_for(service, **args, **settings, decode_responses=True, retry=retry)
     close = client.close
 
@@ -247,6 +248,44 @@ def _sentinel_client(
 
     client.close = close_all
     return client
+
+
+def _keep_sentinel_failures(redis: Any, manager: Any) -> None:
+    """When no Sentinel names a primary, redis-py's error lists each Sentinel's client object
+    and its error's class only (a TLS failure, a refused connection and a wrong password all
+    read "ConnectionError"), over lines. Instead: one line, and the last Sentinel's error as
+    its cause, which the store's messages read (a TLS failure says why)."""
+    failures: list[BaseException] = []
+
+    def recording(ask: Callable[[], Any]) -> Callable[[], Any]:
+        def masters() -> Any:
+            try:
+                return ask()
+            except BaseException as exc:
+                failures.append(exc)
+                raise
+
+        return masters
+
+    for sentinel in manager.sentinels:
+        sentinel.sentinel_masters = recording(sentinel.sentinel_masters)
+    discover = manager.discover_master
+
+    def discover_master(service: str) -> Any:
+        failures.clear()
+        try:
+            return discover(service)
+        except redis.sentinel.MasterNotFoundError as exc:
+            count = len(manager.sentinels)
+            if not failures:
+                raise  # they answered, and none named a primary it thinks up: said as is
+            last = " ".join(str(failures[-1]).split()) or type(failures[-1]).__name__
+            raise redis.sentinel.MasterNotFoundError(
+                f"no primary for {service!r}: {len(failures)} of {count} Sentinels did not "
+                f"answer (the last: {last})"
+            ) from failures[-1]
+
+    manager.discover_master = discover_master
 
 
 def open_redis_engine(url: str, display: str, *, timeout: float) -> Engine:
