@@ -140,7 +140,7 @@ class DatacenterRanges(DatacenterCellStore):
             got = self._read_local(name)
             if got is None:
                 return None, None, False
-            row, version = got
+            row, version = self._scoped(name, got)
             if row.retired or row.next != unused.stop or not row.start <= unused.start:
                 return version, None, False
             row = replace(row, next=unused.start, issued=row.issued - len(unused))
@@ -408,11 +408,14 @@ class DatacenterRanges(DatacenterCellStore):
             # it has: that would make a grant it applied apply again, from its start.
             got = self._read_local(name)
             applied = top.returned[self.dc]
+            mine = self._local_store()["id"]
             if got is not None and got[0].uid == top.uid:
-                if got[0].applied >= applied and not got[0].retired:
+                # A cell another store wrote last is written anew, stamped with this one: its
+                # processes are refused from their next read on (see _scoped).
+                if got[0].applied >= applied and not got[0].retired and got[0].scope in ("", mine):
                     return got[1], None, None
                 applied = max(applied, got[0].applied)
-            row = LocalRow.new(self.dc, top, applied, self._clock_ms())
+            row = replace(LocalRow.new(self.dc, top, applied, self._clock_ms()), scope=mine)
             return (None if got is None else got[1]), row.encode(), None
 
         self._update(name, "reset", fresh, on_global=False)

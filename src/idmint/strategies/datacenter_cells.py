@@ -249,6 +249,11 @@ class LocalRow:
     retired: bool = False
     returning: tuple[tuple[int, int], ...] = ()  # ids a retirement gives back to the key
     updated_ms: int = 0
+    #: The store of the process that last wrote the cell, as the global cell's binding names
+    #: it (an identity, and where its compare-and-sets are decided). A process whose store is
+    #: another refuses the cell at its first read: one keyspace decided by two Paxos groups
+    #: serves the same reservation twice. "" in a cell written before it was kept.
+    scope: str = ""
 
     def encode(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)

@@ -219,6 +219,27 @@ class DatacenterCellStore(ForkAware):
             self._local_id = {"id": shown, "url": url}
         return self._local_id
 
+    def _scoped(self, name: str, got: tuple[LocalRow, int]) -> tuple[LocalRow, int]:
+        """The datacenter's cell as read (and its version), stamped with this process's store
+        for its next write; InvalidArgument if another store wrote it last. The binding in the
+        global cell is checked only with a grant: a process on another store (or another Paxos
+        group of the keyspace) would serve the cell's reservation beside the datacenter's own
+        until its next grant (the torture harness's cassandra-2dc control, issue 32)."""
+        row, version = got
+        mine = self._local_store()["id"]
+        if row.scope == mine:
+            return got
+        if row.scope:
+            raise InvalidArgument(
+                f"datacenter {self.dc!r} of key {name!r}: its cell in "
+                f"{self.local_cas.display_url} was last written through store {row.scope}, not "
+                f"this process's {mine}: two stores under one datacenter name would serve the "
+                "same reservations. Check --dc and --dc-store (IDMINT_DC, IDMINT_DC_STORE); to "
+                "move the datacenter to this store on purpose, once no process serves from the "
+                f"other: `idmint dc reset {name} --dc {self.dc} --dc-store URL`"
+            )
+        return replace(row, scope=mine), version  # a cell from before scopes: ours from now
+
     def _check_bound(self, name: str, top: GlobalRow) -> bool:
         """Whether the global cell binds this datacenter to a store yet; InvalidArgument if it
         binds it to another store than this process's."""
@@ -257,11 +278,11 @@ class DatacenterCellStore(ForkAware):
         for _ in range(RESERVE_ROUNDS):
             got = self._read_local(name)
             if got is not None:
-                return got
+                return self._scoped(name, got)
             top, _ = self._read_global(name)
             got = self._read_local(name)
             if got is not None:
-                return got
+                return self._scoped(name, got)
             self._check_bound(name, top)  # another store under this name: say so first
             grant = top.grants.get(self.dc)
             done = top.returned.get(self.dc, 0)
@@ -274,6 +295,7 @@ class DatacenterCellStore(ForkAware):
                     f"abandon them with `idmint dc reset {name} --dc {self.dc}`"
                 )
             row = LocalRow.new(self.dc, top, done, self._clock_ms())
+            row = replace(row, scope=self._local_store()["id"])
             self.local_cas.create(local_cell(name, self.dc), row.encode())
         raise StoreUnavailable(  # made (by us or another) and still not there to read
             f"datacenter {self.dc!r}: its cell of key {name!r} in {self.local_cas.display_url} "
