@@ -13,18 +13,19 @@ both, segment keys beside them.
   serving), and n1 cut off from n2 (dc1's LOCAL_SERIAL needs both: dc1 serves from what it
   holds, its segment keys from SERIAL through n3).
 
-Negative control (`--unsafe`): a datacenter moved to another store while its processes still
-serve, which `idmint dc reset` says not to do. Processes named dc2 whose store is the keyspace at
-SERIAL through dc1's nodes (`--dc-store`) run beside dc2's own (LOCAL_SERIAL on n3): one
-keyspace, two Paxos groups, so the binding of dc2 to its store refuses whichever side it does
-not name. The control's "failover" resets the binding to the other side (`dc reset`, as an
-operator who moved the datacenter would), alternately: the side now bound reads dc2's cell as the
-other side left it and serves the same reservation beside it. The nemesis cuts dc2 off often
-(then the two groups see nothing of each other's writes).
+Negative control (`--unsafe`): dc2 served from its store and, by two more processes, from a copy
+of its keyspace that holds the store's identity (as a keyspace restored from a snapshot of it
+would). The control's "failover" restores the copy again: dc2's cells copied from the store as
+they are. Nothing tells the copy from the store, so the copy's processes serve the reservation
+dc2's own are serving, and the checker sees its ids twice.
 
-Before the binding named where a store's compare-and-sets are decided, it took no reset: the
-same processes, at LOCAL_SERIAL in dc1, were bound to the keyspace's identity like dc2's own,
-and repeated ids (seed 1: 5,190) with nothing refused.
+The control before it (issue 32) ran processes of dc2 on the keyspace at SERIAL through dc1's
+nodes beside dc2's own at LOCAL_SERIAL, one keyspace decided by two Paxos groups, and moved the
+binding between them with `dc reset`: it found that a process on the wrong side served what the
+cell held until its next grant (seed 1: 801,600 ids twice). The cell now names the store that
+last wrote it (`LocalRow.scope`), and such a process is refused at its first read of it. Before
+the binding named where a store's compare-and-sets are decided, the same processes at
+LOCAL_SERIAL in dc1 were accepted with no reset at all, and repeated ids (seed 1: 5,190).
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import idmint
 from idmint import ReservationSizing, StoreUnavailable
+from idmint.stores import open_engine
+from idmint.strategies.datacenter_cells import local_cell
 
-from datacenters import DCS, CassandraDatacenters
+from datacenters import DCS, STORE, CassandraDatacenters
 from harness import Partition
-from server_cassandra import CassandraServer
+from server_cassandra import CassandraCluster, CassandraServer, keyspace_name
 
 if TYPE_CHECKING:
     from .setups import Setup
@@ -111,11 +114,30 @@ def cassandra_2dc(workdir: Path, unsafe: bool) -> Iterator[Setup]:
             serve_args=["--dc", "dc2"], bounds={**STORE_BOUNDS, **BOUNDS}, splits=splits,
         )  # fmt: skip
         if unsafe:
-            # dc2's cells through dc1's nodes at SERIAL: the keyspace, another Paxos group.
-            shared = dcs.global_url("dc1")
+            # Processes of dc2 on a copy of its keyspace (deciding as dc2 does, at LOCAL_SERIAL
+            # in dc2), the store's identity and dc2's cells copied into it: nothing tells the
+            # copy from the store, and both serve dc2's reservation.
+            clone = cluster.store_url(f"{STORE}copy", "dc2", serial="LOCAL_SERIAL")
+            _copy_identity(cluster, dcs.global_url("dc2"), clone)
+            # dc2's cells made and granted, then copied: the copy's processes serve from the
+            # start (the run waits for every client's first ids before its faults begin)
+            with idmint.connect(dcs.global_url("dc2"), timeout=10) as minter:
+                for key in ("dc", "dc32"):
+                    _retry(lambda key=key: minter.datacenter(key, "dc2").next_id())  # type: ignore[misc]
+            _copy_cells(cluster, ("dc", "dc32"))
+
+            def copy_again() -> str:
+                _copy_cells(cluster, ("dc", "dc32"))
+                return "dc2's cells copied to the copy of its keyspace"
+
+            # The control's "failover": the copy restored again from the store, dc2's cells as
+            # they are now (the copy's processes could not start before: a cell missing while
+            # the global cell shows grants is refused as lost, LostReservations).
+            setup.switch = copy_again
+            setup.unsafe_fault = "failover"
             setup.clients += [
                 (
-                    f"unsafe-dc2-on-dc1-store-{n}",
+                    f"unsafe-dc2-on-a-copy-{n}",
                     {
                         "via": "lib",
                         "kind": "datacenter",
@@ -123,25 +145,12 @@ def cassandra_2dc(workdir: Path, unsafe: bool) -> Iterator[Setup]:
                         "batch": DC_BATCH,
                         "url": dcs.global_url("dc2"),
                         "dc": "dc2",
-                        "dc_store": shared,
+                        "dc_store": clone,
                     },
                 )
                 for n, key in enumerate(("dc", "dc32"))
             ]
-            setup.unsafe_what = "dc2 reset to another Paxos group of its keyspace while serving"
-            sides = [shared, None]  # the next `dc reset` binds dc2 to sides[0]
-
-            def reset() -> str:
-                store = sides[0]
-                with idmint.connect(dcs.global_url("dc2"), timeout=10) as minter:
-                    dcs2 = minter.datacenters("dc2", dc_store=store)
-                    for key in ("dc", "dc32"):
-                        _retry(lambda key=key: dcs2.reset(key))  # type: ignore[misc]
-                sides.reverse()
-                return "dc2 reset to " + ("SERIAL through dc1" if store else "its own nodes")
-
-            setup.switch = reset
-            setup.unsafe_fault = "failover"
+            setup.unsafe_what = "dc2 served from its store and from a copy with its identity"
         yield setup
 
 
@@ -170,7 +179,40 @@ def _make_dc_keys(url: str, sizing: ReservationSizing, first: int, last: int) ->
                 minter.add_datacenter_key(name, step=50, start=start, max=top, sizing=sizing)
 
 
-def _retry(make: Callable[[], None], seconds: float = 60.0) -> None:
+def _copy_identity(cluster: CassandraCluster, url: str, copy: str) -> None:
+    """Make the keyspace of `copy` (idmint's tables) with the identity of `url`'s: what a
+    keyspace restored from a snapshot of the other one holds (its cells are made as used)."""
+    identities = []
+    for each in (url, copy):
+        with contextlib.closing(open_engine(each, timeout=10)) as engine:
+            _retry(lambda engine=engine: identities.append(engine.cas().identity()))  # type: ignore[misc]
+    made = identities[0]
+    assert made is not None
+    keyspace = keyspace_name(f"{STORE}copy")
+    cluster.nodes["n3"].execute(
+        f"INSERT INTO {keyspace}.idmint_meta (name, id, created_ms) VALUES (%s, %s, %s)",
+        ("store", made.id, made.created_ms),
+    )
+
+
+def _copy_cells(cluster: CassandraCluster, keys: tuple[str, ...]) -> None:
+    """dc2's cells of `keys` copied from the keyspace to its copy (value and version, as a
+    restore would have them), read on dc2's node."""
+    node = cluster.nodes["n3"]
+    source, copy = keyspace_name(STORE), keyspace_name(f"{STORE}copy")
+    for key in keys:
+        rows = node.execute(
+            f"SELECT name, value, version FROM {source}.idmint_cells WHERE name = %s",
+            (local_cell(key, "dc2"),),
+        )
+        for row in rows:
+            node.execute(
+                f"INSERT INTO {copy}.idmint_cells (name, value, version) VALUES (%s, %s, %s)",
+                (row["name"], row["value"], row["version"]),
+            )
+
+
+def _retry(make: Callable[[], object], seconds: float = 60.0) -> None:
     """A fresh cluster's first schema changes and Paxos rounds may time out: again, a while."""
     deadline = time.monotonic() + seconds
     while True:

@@ -275,7 +275,7 @@ def _keep_sentinel_failures(redis: Any, manager: Any) -> None:
         failures.clear()
         try:
             return discover(service)
-        except redis.sentinel.MasterNotFoundError as exc:
+        except redis.sentinel.MasterNotFoundError:
             count = len(manager.sentinels)
             if not failures:
                 raise  # they answered, and none named a primary it thinks up: said as is
