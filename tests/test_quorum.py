@@ -188,8 +188,10 @@ def test_a_round_asks_a_majority_and_the_rest_only_when_one_fails(
     stats = gen.stats()
     assert stats.retries == 0
     counters = [n.counter for n in stats.nodes]
-    assert counters[:3] == [21, 20, 21]
-    assert sorted(counters[3:]) in ([0, 21], [21, 21])  # the later answer may be unread
+    # The round won on three of nodes 0, 2, 3, 4 (a later answer may still be unread); 0 and
+    # 2 alone are no majority, so a node past the first three took it in the same round.
+    assert counters[1] == 20 and counters.count(21) >= 3, counters
+    assert 21 in counters[3:], counters
     nodes.servers[1].start()
     gen.close()
 
