@@ -20,6 +20,7 @@ import redis
 
 from idmint.stores.replication import redis_state
 
+from certs import Certs
 from server_redis import RedisServer
 from servers import LOOPBACK, MariaDBServer, PostgresServer, wait_until
 
@@ -114,15 +115,23 @@ def _online_replicas(client: redis.Redis) -> int:
 
 
 @contextlib.contextmanager
-def redis_pair(*, link: str | None = None) -> Iterator[tuple[RedisServer, RedisServer]]:
+def redis_pair(
+    *, link: str | None = None, certs: Certs | None = None
+) -> Iterator[tuple[RedisServer, RedisServer]]:
     """A Redis primary (appendfsync always) and a replica of it, the link up. `link`: a
     loopback address the primary also listens on, which the replica follows it through (so
-    that harness.Partition.cut_address cuts the replication and nothing else)."""
-    primary = RedisServer(also=(link,) if link else ())
+    that harness.Partition.cut_address cuts the replication and nothing else). `certs`: both
+    take TLS clients on their TLS ports too, and the replica follows the primary over TLS
+    (the primary would too, once a failover made it a replica)."""
+    tls = certs is not None
+    primary = RedisServer(also=(link,) if link else (), certs=certs, tls_replication=tls)
     replica: RedisServer | None = None
     try:
         primary.start()
-        replica = RedisServer(replica_of=(link or primary.host, primary.port))
+        port = primary.tls_port if primary.tls_port is not None else primary.port
+        replica = RedisServer(
+            replica_of=(link or primary.host, port), certs=certs, tls_replication=tls
+        )
         replica.start()
         client, source = replica.client(), primary.client()
         # Both ends: the replica's link is up a moment before the primary lists it online,

@@ -7,7 +7,6 @@ clear line."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -18,7 +17,8 @@ from idmint import StoreUnavailable
 
 from certs import Certs
 from harness import duplicates
-from server_redis import RedisServer, Sentinels
+from replicated import redis_pair
+from server_redis import Sentinels
 from servers import wait_until
 
 SERVICE = "locked"
@@ -30,35 +30,6 @@ def tls_sentinels(certs: Certs) -> Iterator[Sentinels]:
         yield started
 
 
-@contextlib.contextmanager
-def tls_pair(certs: Certs) -> Iterator[tuple[RedisServer, RedisServer]]:
-    """A primary and a replica following it over TLS (each with its TLS port next to the plain
-    one the test itself uses)."""
-    primary = RedisServer(certs=certs, tls_replication=True)  # a replica itself after failover
-    replica: RedisServer | None = None
-    try:
-        primary.start()
-        assert primary.tls_port is not None
-        replica = RedisServer(
-            certs=certs, replica_of=(primary.host, primary.tls_port), tls_replication=True
-        )
-        replica.start()
-        client = replica.client()
-        try:
-            wait_until(
-                lambda: client.info("replication").get("master_link_status") == "up",
-                30,
-                "the replica to sync over TLS",
-            )
-        finally:
-            client.close()
-        yield primary, replica
-    finally:
-        if replica is not None:
-            replica.close()
-        primary.close()
-
-
 def _query(certs: Certs, prefix: str) -> str:
     files = {"ca": certs.ca, "cert": certs.client_cert, "key": certs.client_key}
     return "&".join([f"prefix={prefix}"] + [f"{k}={quote(str(v))}" for k, v in files.items()])
@@ -67,7 +38,7 @@ def _query(certs: Certs, prefix: str) -> str:
 def test_sentinel_over_tls_serves_and_follows_a_failover(
     tls_sentinels: Sentinels, certs: Certs
 ) -> None:
-    with tls_pair(certs) as (primary, replica):
+    with redis_pair(certs=certs) as (primary, replica):
         assert primary.tls_port is not None and replica.tls_port is not None
         tls_sentinels.monitor(SERVICE, primary, port=primary.tls_port)
         try:

@@ -302,21 +302,23 @@ class QuorumCounter(ForkAware):
         if outcome.applied >= self.majority:  # how long a round takes here, for the hedge
             self._round_time += (time.monotonic() - sent_at - self._round_time) / 8
         for slot in reserve:  # not asked: kept connected and checked, ready for a hedge
-            self._keep_ready(slot)
+            self._unusable(slot)
         return outcome
 
-    def _keep_ready(self, slot: NodeSlot) -> None:
-        """Connect the slot's node, or check it again when due, on its own thread: a node a
-        round did not need is still watched (its health, every `recheck` seconds)."""
-        node = cast(MultiplexedQuorumNode, slot.node)
-        if self._refused(slot) is not None:
-            return
-        if not (slot.checked and node.mux_connected()):
+    def _unusable(self, slot: NodeSlot) -> str | None:
+        """Why the slot's node cannot be sent a claim now (None: it can), having its thread
+        connect it, or check it again when due (it votes meanwhile): a node no round needs
+        is watched too, its health current every `recheck` seconds."""
+        if (refused := self._refused(slot)) is not None:
+            return f"refused ({refused})"
+        if not (slot.checked and cast(MultiplexedQuorumNode, slot.node).mux_connected()):
             self._prepare(slot)
-        elif slot.check_due(self.nodes.recheck) or self._mine[slot.index].check_due(
+            return slot.health.last_error or "connecting"
+        if slot.check_due(self.nodes.recheck) or self._mine[slot.index].check_due(
             slot, self.options.recheck
         ):
             self._prepare(slot, recheck=True)
+        return None
 
     @property
     def _hedge_after(self) -> float:
@@ -340,17 +342,9 @@ class QuorumCounter(ForkAware):
             slot = slots.pop(0)
             node = cast(MultiplexedQuorumNode, slot.node)
             url = node.display_url
-            if (refused := self._refused(slot)) is not None:
-                outcome.errors.append(f"{url}: refused ({refused})")
+            if (why := self._unusable(slot)) is not None:
+                outcome.errors.append(f"{url}: {why}")
                 continue
-            if not (slot.checked and node.mux_connected()):
-                self._prepare(slot)
-                outcome.errors.append(f"{url}: {slot.health.last_error or 'connecting'}")
-                continue
-            if slot.check_due(self.nodes.recheck) or self._mine[slot.index].check_due(
-                slot, self.options.recheck
-            ):
-                self._prepare(slot, recheck=True)  # on its thread; the node votes meanwhile
             if slot.outstanding is not None and not self._drain(slot):
                 outcome.errors.append(f"{url}: an earlier claim is still unanswered")
                 continue
