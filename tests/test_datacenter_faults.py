@@ -220,6 +220,8 @@ def _progress(workers: list[Worker], more_than: dict[str, int]) -> bool:
 
 
 def _serve_again(workers: list[Worker], when: str, timeout: float = 30) -> None:
+    """Every worker serves more than it had (at first: serves at all), or a TimeoutError
+    naming the stalled ones with their last words."""
     served = {w.name: w.count() for w in workers}
     try:
         wait_until(lambda: _progress(workers, served), timeout, f"every process to serve {when}")
@@ -248,7 +250,7 @@ def test_a_datacenter_cut_off_keeps_serving_on_its_reservation(dcs: Datacenters)
     key = _new_key(dcs, "cut", 6000)
     workers = [_worker(dcs, key, dc, n, rate=200) for dc in DCS for n in range(2)]
     try:
-        wait_until(lambda: _progress(workers, {}), 60, "every process to take ids")
+        _serve_again(workers, "at first", 60)
         warm_at = time.monotonic()  # a cold keyspace's first calls may time out
         before = _top(dcs, key).grants["dc2"].seq
         with dcs.cut_off_dc2():
@@ -290,7 +292,7 @@ def test_a_datacenter_that_spends_its_runway_fails_typed_and_recovers(dcs: Datac
     key = _new_key(dcs, "spent", 400)
     workers = [_worker(dcs, key, dc, 0, rate=400) for dc in DCS]
     try:
-        wait_until(lambda: _progress(workers, {}), 60, "every process to take ids")
+        _serve_again(workers, "at first", 60)
         warm_at = time.monotonic()
         with dcs.cut_off_dc2():
             cut_at = time.monotonic()
@@ -332,7 +334,7 @@ def test_the_checker_catches_a_global_level_at_local_serial(
         _worker(dcs, key, dc, 0, rate=1000, extra=["--unsafe-local-serial-global"]) for dc in DCS
     ]
     try:
-        wait_until(lambda: _progress(workers, {}), 60, "every process to take ids")
+        _serve_again(workers, "at first", 60)
         with dcs.cut_off_dc2():
             served = {w.name: w.count() for w in workers}
             # 1,000 ids each: five reservations of 200 in each datacenter
@@ -465,7 +467,7 @@ def test_kill_9_pauses_cuts_and_clock_steps_repeat_no_id(dcs: Datacenters, tmp_p
     nodes = dcs.nodes()
     log: list[str] = []
     try:
-        wait_until(lambda: _progress(workers, {}), 60, "every process to take ids")
+        _serve_again(workers, "at first", 60)
         deadline = time.monotonic() + SOAK_SECONDS
         while time.monotonic() < deadline:
             fault = rng.choice(["kill", "kill", "pause", "node", "freeze", "cut", "clock"])

@@ -10,7 +10,12 @@ replica, started from redis-server; three Sentinels where one decides the failov
   it is online; on main every write failed for those seconds. While it loads the copy it
   was sent, writes wait for it and fail (safety over availability: see that test);
 - processes racing into one failover: one of them fences (the fence lock), one gap, where on
-  main each fenced; the promoted primary, alone, then reports its requirement and shortfall.
+  main each fenced; the promoted primary, alone, then reports its requirement and shortfall;
+- a replica that reconnects through another address while its old link is cut: the primary
+  lists it twice until repl-timeout drops the old link. The requirement counts replicas that
+  confirmed a write, so writes go on; on main it rose to the two lines, and every write was
+  refused for good once one went (issue 32's torture seed 1939120558). A second replica
+  that joins is counted once it confirms a write.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from idmint.stores import open_engine
 from idmint.stores.redis.cas import RedisCasStore
 from idmint.stores.replication import FAILOVER_GAP, STANDALONE, redis_state
 
-from harness import Worker, duplicates
+from harness import Partition, Worker, duplicates
 from replicated import redis_pair
 from server_redis import RedisServer, Sentinels
 from servers import wait_until
@@ -300,6 +305,69 @@ def test_a_replica_loading_its_first_copy_is_waited_for() -> None:
     assert refused
     served = takers.served(primary, after=min(refused))
     assert not [t for t in served if t.at < loaded - 0.2], served[:2]
+
+
+def test_a_replica_listed_twice_is_one_replica() -> None:
+    """The replica follows the primary through a link address; the link is cut (no packet,
+    no FIN either way) and the replica pointed at the primary's own address, as Sentinel
+    repoints a replica: it resyncs there at once, and the primary lists it twice, the old
+    line online but silent until repl-timeout (2 s here) drops it. Takers write all along:
+    none is refused once the replica is online again, and the requirement stays at the one
+    replica that confirms."""
+    link = "127.0.0.64"  # no other test's
+    with redis_pair(link=link) as (primary, replica):
+        probe, follower = primary.client(), replica.client()
+        partition = Partition()
+        try:
+            probe.config_set("repl-timeout", 2)
+            # The link's first write can take a second to be confirmed: not the takers' 0.5 s.
+            probe.set("warm", 1)
+            assert probe.execute_command("WAIT", 1, 10_000) == 1
+            with taking([primary], [(primary,)]) as (_, takers):
+                wait_until(lambda: probe.hget(LINEAGE, "replicas") == b"1", 10, "the requirement")
+                partition.cut_address(link, primary.port)
+                follower.replicaof(primary.host, primary.port)
+                wait_until(lambda: _online(probe) == 2, 10, "the replica listed twice")
+                listed = time.monotonic()
+                wait_until(lambda: takers.served(primary, after=listed + 0.5), 10, "ids")
+                wait_until(lambda: _online(probe) == 1, 30, "the old link dropped")
+                dropped = time.monotonic()
+                wait_until(lambda: takers.served(primary, after=dropped + 0.5), 10, "ids after")
+                required = probe.hget(LINEAGE, "replicas")
+        finally:
+            partition.heal()
+            probe.close()
+            follower.close()
+    # While the replica resyncs through its new link, a write is refused (nothing confirms
+    # it); from a second after it is online there, none is.
+    refused = takers.refused(after=listed + 1.0)
+    assert not refused, refused[:2]
+    assert required == b"1"
+    assert not duplicates(takers.ids())
+
+
+def test_a_second_replica_counts_once_it_confirms_a_write() -> None:
+    """A replica that joins a primary already waited on by one is counted by the requirement
+    once it has confirmed a write (the first replica is counted when it comes online); from
+    then on writes are refused without it, as with the first."""
+    with redis_pair() as (primary, _):
+        probe = primary.client()
+        second = RedisServer(replica_of=(primary.host, primary.port))
+        try:
+            probe.set("warm", 1)
+            assert probe.execute_command("WAIT", 1, 10_000) == 1
+            with taking([primary], [(primary,)]) as (_, takers):
+                wait_until(lambda: probe.hget(LINEAGE, "replicas") == b"1", 10, "one replica")
+                second.start()
+                wait_until(lambda: probe.hget(LINEAGE, "replicas") == b"2", 20, "two replicas")
+                second.close()
+                gone = time.monotonic()
+                wait_until(lambda: takers.refused(after=gone), 10, "a refusal")
+        finally:
+            second.close()
+            probe.close()
+    assert "has waited for 2" in takers.refused(after=gone)[-1].error
+    assert not duplicates(takers.ids())
 
 
 def _online(client: redis.Redis) -> int:

@@ -7,10 +7,16 @@ atomic step as the write, the server's replication (INFO replication: `master_re
 
 - `replid`: the replication id of the primary the prefix last wrote on. Redis makes a new one
   when a replica is promoted, and also when a server restarts;
-- `replicas`: the most replicas any write under that replid was made with. A write is
-  answered only once that many replicas confirmed it (WAIT), so a fresh process, or one that
-  saw the replica drop off, never writes past a replica that lags; a write they did not
-  confirm in time is StoreUnavailable (applied here, maybe not there: never served).
+- `replicas`: the most replicas that confirmed one write under that replid (WAIT's answer).
+  A write is answered only once that many replicas confirmed it, so a fresh process, or one
+  that saw the replica drop off, never writes past a replica that lags; a write they did not
+  confirm in time is StoreUnavailable (applied here, maybe not there: never served). It
+  counts confirmations, not the replicas INFO lists online: a replica that reconnected
+  through another address is listed twice until the primary drops its old link (up to
+  repl-timeout when that link is cut), and a requirement raised to such a list waits for a
+  replica that does not exist, for good (torture seed 1939120558). The guard itself raises it
+  from none to one, in the write, as soon as a replica is online: the first replica is
+  waited for from then on, even while it loads its first copy.
 
 The guard answers:
 
@@ -36,6 +42,7 @@ replica that was not connected).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -51,14 +58,21 @@ _warned = Once()  # stores whose unsafe replication was logged
 
 T = TypeVar("T")
 
+#: A replica online past the requirement is given this long (ms) to confirm a write, at
+#: most once per CONFIRM_EVERY seconds per process (RedisFailover._ask_the_others).
+CONFIRM_MS = 100
+CONFIRM_EVERY = 1.0
+
 #: How long a fencing process holds the fence lock (ms): a process killed while fencing
 #: blocks the prefix's writes at most this long, then the next one fences again.
 FENCE_LOCK_MS = 30_000
 
 # The guard and the wrapped script's body, run as one script: KEYS[#KEYS] is the lineage
 # hash, ARGV[#ARGV] '1' when writes may go on with fewer replicas than the prefix has waited
-# for. Answers {need, the body's answer}, {'failover', recorded replid, current replid} or
-# {'fewer', replicas online, replicas required}. Only replicas online count: one still in its
+# for. Answers {need, replicas online, the body's answer}, {'failover', recorded replid,
+# current replid} or {'fewer', replicas online, replicas required}; `need` is the
+# requirement (what the write must be confirmed by), or the replicas online when fewer are
+# accepted. Only replicas online count: one still in its
 # first sync acknowledges nothing yet, and no failover manager promotes it. One online but
 # still loading the copy it was sent (the primary lists it online once the copy is sent)
 # counts: a write made meanwhile reaches it only after its load, so writes wait for it (and
@@ -86,13 +100,15 @@ if recorded[1] and recorded[1] ~= replid then
     if replicas > 0 then return {'failover', recorded[1], replid} end
 end
 if online < replicas and ARGV[#ARGV] ~= '1' then return {'fewer', online, replicas} end
-if recorded[1] ~= replid or online > replicas then
-    redis.call('HSET', lineage, 'replid', replid, 'replicas', math.max(online, replicas))
+local required = replicas
+if online > 0 and replicas == 0 then required = 1 end
+if recorded[1] ~= replid or required ~= replicas then
+    redis.call('HSET', lineage, 'replid', replid, 'replicas', required)
 end
 local function body()
 %s
 end
-return {online, body()}
+return {math.min(required, online), online, body()}
 """
 
 # KEYS: the lineage hash. ARGV: the recorded replid the fence started from. Records the
@@ -109,6 +125,22 @@ if ARGV[1] == '' or redis.call('HGET', KEYS[1], 'replid') == ARGV[1] then
     return redis.call('HINCRBY', KEYS[1], 'fences', 1)
 end
 return -1
+"""
+
+# KEYS: the lineage hash. ARGV: how many replicas confirmed a write made on this server.
+# Raises the requirement to that, if the lineage is still this server's (its replid
+# recorded); answers 1 when it did. Not behind the guard: it writes only the lineage.
+_CONFIRMED = """
+if redis.replicate_commands then redis.replicate_commands() end
+local info = redis.call('INFO', 'replication')
+if string.find(info, 'role:slave', 1, true) then return 0 end
+local replid = string.match(info, 'master_replid:(%x+)') or ''
+if redis.call('HGET', KEYS[1], 'replid') ~= replid then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'replicas') or '0') >= tonumber(ARGV[1]) then
+    return 0
+end
+redis.call('HSET', KEYS[1], 'replicas', ARGV[1])
+return 1
 """
 
 # KEYS: the lineage hash. ARGV: the requirement. Sets it; answers the one it replaced.
@@ -183,8 +215,13 @@ class RedisFailover:
         self._new_life = client.register_script(_NEW_LIFE)
         self._unlock = client.register_script(_UNLOCK)
         self._set_required = client.register_script(_SET_REQUIRED)
+        self._confirmed = client.register_script(_CONFIRMED)
         #: Replicas the last write waited for: the next write's WAIT goes in its round trip.
         self._expected = 0
+        #: When a replica online past the requirement was last given time to confirm a write
+        #: (monotonic): at most once a CONFIRM_EVERY, so a replica listed but silent (an old
+        #: link not yet dropped) costs writes little.
+        self._asked_at = -CONFIRM_EVERY
 
     def write(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """Run a guarded script and wait for the replicas it names; fence a failover it
@@ -204,20 +241,23 @@ class RedisFailover:
                     "if one is gone for good, lower the requirement with `idmint replicas "
                     "--set N --yes` (docs/stores.md)"
                 )
-            need = int(answer[0])
+            need, online = int(answer[0]), int(answer[1])
+            body = answer[2] if len(answer) > 2 else None
             if self.unsafe:
-                if need:
-                    self._warn_unsafe(need)
-                return answer[1] if len(answer) > 1 else None
+                if online:
+                    self._warn_unsafe(online)
+                return body
             self._expected = need
-            if need and int(acks) < need:
+            if need and acks < need:
                 raise StoreUnavailable(
                     f"store {self.display_url}: a write reached {acks} of {need} replica(s) "
                     f"within {self._wait_ms} ms; not used (a failover could undo it). If a "
                     "replica was removed for good: `idmint replicas --set N --yes` "
                     "(docs/stores.md)"
                 )
-            return answer[1] if len(answer) > 1 else None
+            if acks > need:  # more replicas confirmed it than the requirement counts
+                self._call(partial(self._confirmed, keys=[self.lineage_key], args=[acks]))
+            return body
         raise StoreUnavailable(f"store {self.display_url}: its primary kept changing")
 
     def _warn_unsafe(self, replicas: int) -> None:
@@ -260,16 +300,33 @@ class RedisFailover:
             acks = int(replies[1]) if expected else 0
             if self.unsafe or answer[0] in ("failover", "fewer"):
                 return answer, acks
-            need = int(answer[0])
+            need, online = int(answer[0]), int(answer[1])
             if need > expected:
-                conn.send_command("WAIT", need, self._wait_ms)
-                acks = int(conn.read_response())
+                acks = self._wait(conn, need, self._wait_ms)
+            if acks >= need and online > acks:
+                acks = max(acks, self._ask_the_others(conn, online))
             return answer, acks
         except BaseException:
             conn.disconnect()  # replies may be left unread on it
             raise
         finally:
             pool.release(conn)
+
+    def _ask_the_others(self, conn: Any, online: int) -> int:
+        """How many replicas confirmed the connection's writes when those online past the
+        ones that did are given CONFIRM_MS (once a CONFIRM_EVERY; 0 in between): a new
+        replica is counted by the requirement from its first confirmation on."""
+        now = time.monotonic()
+        if now - self._asked_at < CONFIRM_EVERY:
+            return 0
+        self._asked_at = now
+        return self._wait(conn, online, min(CONFIRM_MS, self._wait_ms))
+
+    @staticmethod
+    def _wait(conn: Any, replicas: int, ms: int) -> int:
+        """WAIT on `conn`: the replicas that have its writes once `replicas` do, or `ms`."""
+        conn.send_command("WAIT", replicas, ms)
+        return int(conn.read_response())
 
     @staticmethod
     def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
