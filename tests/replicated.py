@@ -103,9 +103,12 @@ def postgres_pair(
 
 
 def _streaming(primary: PostgresServer) -> bool:
+    """Whether a standby streams and has reported its replay: only then does idmint count it
+    (stores/replication.py), and a test that reads the state at once saw 0 standbys."""
     with psycopg.connect(primary.url(), autocommit=True, connect_timeout=5) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+            "SELECT count(*) FROM pg_stat_replication "
+            "WHERE state = 'streaming' AND replay_lsn IS NOT NULL"
         ).fetchone()
     return bool(row and row[0])
 

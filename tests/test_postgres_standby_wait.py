@@ -20,6 +20,7 @@ import idmint
 from idmint import StoreUnavailable
 
 from harness import Partition, duplicates
+from postgres_ha import configure, execute
 from replicated import PostgresStandby, postgres_pair
 from servers import LOOPBACK, PostgresServer, wait_until
 
@@ -210,3 +211,54 @@ def test_a_synchronous_standby_and_pg_receivewal_count_one_standby(tmp_path: Pat
             receiver.terminate()
             _, errors = receiver.communicate(timeout=10)
         assert b"error" not in errors.lower(), errors
+
+
+def test_a_standby_listed_twice_is_one_standby() -> None:
+    """The standby follows the primary through a link address; the link is cut (no packet,
+    no FIN either way) and the standby pointed at the primary's own address, as an HA manager
+    repoints it (primary_conninfo, reloaded): it streams there at once, and the primary lists
+    two walsenders for it, the old one streaming but silent until wal_sender_timeout (3 s
+    here) ends it. Writes are served once it streams again, and after the old walsender is
+    gone; the store's requirement stays at one standby (two, and every write was refused for
+    good once the old walsender went: the Redis guard's bug of issue 32, here on PostgreSQL)."""
+    link = "127.0.0.46"  # no other test's
+    with (
+        postgres_pair(synchronous=False, link=link) as (primary, standby),
+        Partition() as partition,
+        idmint.connect(primary.url(), timeout=TIMEOUT) as minter,
+    ):
+        configure(primary, wal_sender_timeout="3s")
+        minter.add_key("k", step=10)
+        wait_until(lambda: _replicas(minter) == 1, 30, "the standby to count")
+        handed = list(minter.ranges.allocate("k").range)  # the requirement: one standby
+        conninfo = execute(standby, "SHOW primary_conninfo")[0][0]
+        partition.cut_address(link, primary.port)
+        configure(standby, primary_conninfo=conninfo.replace(link, LOOPBACK).replace("'", "''"))
+        wait_until(lambda: _walsenders(primary) == 2, 10, "the standby listed twice")
+        listed = time.monotonic()
+        refused: list[str] = []
+
+        def served() -> bool:
+            try:
+                handed.extend(minter.ranges.allocate("k").range)
+            except StoreUnavailable as exc:
+                refused.append(str(exc))
+                return False
+            return True
+
+        wait_until(served, 10, "a range while the standby is listed twice")
+        wait_until(lambda: _walsenders(primary) == 1, 30, "the old walsender gone")
+        gone = time.monotonic()
+        try:
+            wait_until(served, 10, "a range after the old walsender went")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {refused[-1]}") from None
+        state = minter.replication()
+    assert state is not None and state.required == 1, state
+    assert time.monotonic() - gone < 10 and gone - listed < 30
+    assert not duplicates(handed)
+
+
+def _walsenders(primary: PostgresServer) -> int:
+    rows = execute(primary, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+    return int(rows[0][0])

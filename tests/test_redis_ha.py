@@ -322,7 +322,7 @@ def test_a_replica_listed_twice_is_one_replica() -> None:
             probe.config_set("repl-timeout", 2)
             # The link's first write can take a second to be confirmed: not the takers' 0.5 s.
             probe.set("warm", 1)
-            assert probe.execute_command("WAIT", 1, 10_000) == 1
+            assert probe.wait(1, 10_000) == 1
             with taking([primary], [(primary,)]) as (_, takers):
                 wait_until(lambda: probe.hget(LINEAGE, "replicas") == b"1", 10, "the requirement")
                 partition.cut_address(link, primary.port)
@@ -355,7 +355,7 @@ def test_a_second_replica_counts_once_it_confirms_a_write() -> None:
         second = RedisServer(replica_of=(primary.host, primary.port))
         try:
             probe.set("warm", 1)
-            assert probe.execute_command("WAIT", 1, 10_000) == 1
+            assert probe.wait(1, 10_000) == 1
             with taking([primary], [(primary,)]) as (_, takers):
                 wait_until(lambda: probe.hget(LINEAGE, "replicas") == b"1", 10, "one replica")
                 second.start()

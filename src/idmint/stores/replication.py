@@ -204,11 +204,19 @@ def redis_state(parsed: dict[str, Any], *, waits: bool) -> ReplicationState:
 #: it is behind by more than any commit made now, PostgreSQL picks no synchronous standby
 #: among those, and waiting for it would hold every write until it caught up. It counts from
 #: its first streaming report on; one the store's requirement counts already (it streamed
-#: before) is missed meanwhile, as a standby gone is.
+#: before) is missed meanwhile, as a standby gone is. Walsenders of one application_name from
+#: one address are one standby, the newest: a standby that reconnected while its old link was
+#: cut (an HA manager repointing it) is listed twice until wal_sender_timeout ends the old
+#: walsender, and counting both raised the store's requirement to a standby that does not
+#: exist, which refused every write for good once the old one went (issue 32). Two standbys
+#: on one host need application_names of their own (synchronous_standby_names needs them too).
 _POSTGRES_STANDBYS = """
-WITH standbys AS (
+WITH walsenders AS (
     SELECT r.* FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
      WHERE a.datname IS NULL AND r.state = 'streaming' AND r.replay_lsn IS NOT NULL
+), standbys AS (
+    SELECT DISTINCT ON (application_name, client_addr) * FROM walsenders
+     ORDER BY application_name, client_addr, backend_start DESC
 )"""
 
 #: One round trip: role, timeline, the commit settings and the standbys (above). sync_state

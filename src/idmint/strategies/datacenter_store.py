@@ -234,9 +234,7 @@ class DatacenterCellStore(ForkAware):
                 f"datacenter {self.dc!r} of key {name!r}: its cell in "
                 f"{self.local_cas.display_url} was last written through store {row.scope}, not "
                 f"this process's {mine}: two stores under one datacenter name would serve the "
-                "same reservations. Check --dc and --dc-store (IDMINT_DC, IDMINT_DC_STORE); to "
-                "move the datacenter to this store on purpose, once no process serves from the "
-                f"other: `idmint dc reset {name} --dc {self.dc} --dc-store URL`"
+                f"same reservations. {self._two_stores_hint(name)}"
             )
         return replace(row, scope=mine), version  # a cell from before scopes: ours from now
 
@@ -254,12 +252,18 @@ class DatacenterCellStore(ForkAware):
                 f"datacenter {self.dc!r} of key {name!r} keeps its cell in {bound['url']} "
                 f"(store {bound['id']}), not in {mine['url']} (store {mine['id']}): two stores "
                 "under one datacenter name would serve the same reservations (or its store lost "
-                "its data, and with it its identity). Check --dc and "
-                "--dc-store (IDMINT_DC, IDMINT_DC_STORE); to move the datacenter to this store "
-                f"on purpose, once no process serves from the other: `idmint dc reset {name} "
-                f"--dc {self.dc} --dc-store URL`"
+                f"its data, and with it its identity). {self._two_stores_hint(name)}"
             )
         return True
+
+    def _two_stores_hint(self, name: str) -> str:
+        """What to do when a datacenter's cell or binding names another store than this
+        process's (the end of both refusals)."""
+        return (
+            "Check --dc and --dc-store (IDMINT_DC, IDMINT_DC_STORE); to move the datacenter to "
+            "this store on purpose, once no process serves from the other: "
+            f"`idmint dc reset {name} --dc {self.dc} --dc-store URL`"
+        )
 
     def _local_row(self, name: str) -> tuple[LocalRow, int]:
         """The datacenter's cell of `name` and its version, made on first use (before the
