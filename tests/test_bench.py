@@ -8,7 +8,10 @@ servers and processes to start, which overlaps)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -120,11 +123,14 @@ class Run:
         # Closed in close(), which the fixture calls however the tests end.
         self.out = tempfile.TemporaryFile("w+")  # noqa: SIM115
         self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        # A session of its own: close() kills the script with every process it started (a
+        # script killed alone left its servers and clients running, orphaned, for good).
         self.proc = subprocess.Popen(
             [sys.executable, str(BENCH / script), "--smoke", "--json", *args],
             stdout=self.out,
             stderr=self.err,
             text=True,
+            start_new_session=True,
         )
 
     def result(self, deadline: float) -> list[dict[str, Any]]:
@@ -147,9 +153,10 @@ class Run:
         return self.err.read()[-2000:] + "\n" + self.out.read()[-2000:]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """The script and whatever it left running (a server, clients), killed."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self.out.close()
         self.err.close()
 
