@@ -15,7 +15,8 @@ replica, started from redis-server; three Sentinels where one decides the failov
   lists it twice until repl-timeout drops the old link. The requirement counts replicas that
   confirmed a write, so writes go on; on main it rose to the two lines, and every write was
   refused for good once one went (issue 32's torture seed 1939120558). A second replica
-  that joins is counted once it confirms a write.
+  that joins is counted once it confirms a write;
+- a late reply on a pooled connection is never read as a write's answer (a token per request).
 """
 
 from __future__ import annotations
@@ -368,6 +369,35 @@ def test_a_second_replica_counts_once_it_confirms_a_write() -> None:
             probe.close()
     assert "has waited for 2" in takers.refused(after=gone)[-1].error
     assert not duplicates(takers.ids())
+
+
+def test_a_late_reply_on_a_pooled_connection_is_not_a_writes_answer(
+    redis_server: RedisServer,
+) -> None:
+    """A reply that comes on a pooled connection after it went back to the pool (its request
+    gave up; redis-py checks for unread data only when it hands the connection out) is read
+    first by the next write there. On main that write died on a TypeError (seed 13 of the
+    torture harness's redis-replica), and a late answer of the same shape would have been
+    taken for its own: a swap that failed taken as applied serves a range twice. The guard's
+    answer carries its request's token: the write is StoreUnavailable (its outcome unknown,
+    so never served), the connection dropped, and the next write is served."""
+    engine = open_engine(redis_server.store_url("late"), timeout=2)
+    try:
+        cas = cast(RedisCasStore, engine.cas())
+        assert cas.create("c", "1")
+        pool = cas._client.connection_pool
+        conn = pool.get_connection()
+        conn.send_command("BLPOP", "nothing-here", "0.3")  # its reply (nil) comes in 0.3 s
+        pool.release(conn)
+        with pytest.raises(StoreUnavailable, match="out of step"):
+            cas.swap("c", 1, "2")
+        got = cas.read("c")
+        assert got is not None
+        value, version = got
+        assert cas.swap("c", version, str(int(value) + 1))  # served again, in step
+        assert cas.read("c") == (str(int(value) + 1), version + 1)
+    finally:
+        engine.close()
 
 
 def _online(client: redis.Redis) -> int:

@@ -42,6 +42,7 @@ replica that was not connected).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -68,15 +69,16 @@ CONFIRM_EVERY = 1.0
 FENCE_LOCK_MS = 30_000
 
 # The guard and the wrapped script's body, run as one script: KEYS[#KEYS] is the lineage
-# hash, ARGV[#ARGV] '1' when writes may go on with fewer replicas than the prefix has waited
-# for. Answers {need, replicas online, the body's answer}, {'failover', recorded replid,
-# current replid} or {'fewer', replicas online, replicas required}; `need` is the
-# requirement (what the write must be confirmed by), or the replicas online when fewer are
-# accepted. Only replicas online count: one still in its
-# first sync acknowledges nothing yet, and no failover manager promotes it. One online but
-# still loading the copy it was sent (the primary lists it online once the copy is sent)
-# counts: a write made meanwhile reaches it only after its load, so writes wait for it (and
-# fail while it loads) rather than go on without it. A replica answers READONLY at once.
+# hash, ARGV[#ARGV - 1] '1' when writes may go on with fewer replicas than the prefix has
+# waited for, ARGV[#ARGV] the request's token. Answers the token, then {need, replicas
+# online, the body's answer}, {'failover', recorded replid, current replid} or {'fewer',
+# replicas online, replicas required}; `need` is the requirement (what the write must be
+# confirmed by), or the replicas online when fewer are accepted. The token: an answer is
+# never taken for another request's (RedisFailover._send). Only replicas online count: one
+# still in its first sync acknowledges nothing yet, and no failover manager promotes it. One
+# online but still loading the copy it was sent (the primary lists it online once the copy
+# is sent) counts: a write made meanwhile reaches it only after its load, so writes wait for
+# it (and fail while it loads) rather than go on without it. A replica answers READONLY at once.
 # INFO comes before the writes: replicate the script's effects (the default from Redis 5). An
 # ACL that refuses INFO refuses every write, saying so (NOPERM): nothing else shows a failover.
 _GUARD = """
@@ -97,9 +99,11 @@ for _ in string.gmatch(info, 'slave%%d+:[^\\r\\n]*state=online') do online = onl
 local recorded = redis.call('HMGET', lineage, 'replid', 'replicas')
 local replicas = tonumber(recorded[2] or '0')
 if recorded[1] and recorded[1] ~= replid then
-    if replicas > 0 then return {'failover', recorded[1], replid} end
+    if replicas > 0 then return {ARGV[#ARGV], 'failover', recorded[1], replid} end
 end
-if online < replicas and ARGV[#ARGV] ~= '1' then return {'fewer', online, replicas} end
+if online < replicas and ARGV[#ARGV - 1] ~= '1' then
+    return {ARGV[#ARGV], 'fewer', online, replicas}
+end
 local required = replicas
 if online > 0 and replicas == 0 then required = 1 end
 if recorded[1] ~= replid or required ~= replicas then
@@ -108,7 +112,7 @@ end
 local function body()
 %s
 end
-return {math.min(required, online), online, body()}
+return {ARGV[#ARGV], math.min(required, online), online, body()}
 """
 
 # KEYS: the lineage hash. ARGV: the recorded replid the fence started from. Records the
@@ -182,6 +186,27 @@ def no_script_error() -> type[Exception]:
     return NoScriptError
 
 
+def _out_of_step(reply: Any) -> Exception:
+    from redis.exceptions import ConnectionError as BrokenConnection
+
+    return BrokenConnection(f"a reply out of step on the connection ({str(reply)[:60]!r})")
+
+
+def _answer(reply: Any, token: str) -> list[Any]:
+    """A guarded script's answer without its token; a broken connection if it carries
+    another request's token, or is not a script's answer at all."""
+    if not isinstance(reply, list) or not reply or reply[0] != token:
+        raise _out_of_step(reply)
+    return reply[1:]
+
+
+def _count(reply: Any) -> int:
+    """WAIT's answer; a broken connection if the reply is not a count."""
+    if not isinstance(reply, int):
+        raise _out_of_step(reply)
+    return reply
+
+
 class RedisFailover:
     """The guard's other half for one prefix on one Redis: waits for the replicas each
     guarded write names, and fences a failover (see the module doc)."""
@@ -229,7 +254,8 @@ class RedisFailover:
         keys = [*keys, self.lineage_key]
         args = [*args, "1" if self.fewer else "0"]
         for _ in (1, 2):
-            answer, acks = self._call(partial(self._send, script, keys, args))
+            token = os.urandom(8).hex()
+            answer, acks = self._call(partial(self._send, script, keys, [*args, token], token))
             if answer[0] == "failover":
                 self.fence(str(answer[1]), str(answer[2]))
                 continue
@@ -276,12 +302,18 @@ class RedisFailover:
     def _wait_ms(self) -> int:
         return max(1, int(self._timeout * 500))  # half the store timeout: the socket's is whole
 
-    def _send(self, script: Any, keys: list[str], args: list[Any]) -> tuple[list[Any], int]:
-        """The script's answer, and how many replicas confirmed it (0 when none was asked
-        to), on ONE connection: WAIT counts the replicas that have the writes of the
-        connection it is sent on, so on another pooled connection (one that wrote nothing
-        since) it would answer at once. A WAIT for as many replicas as the last write needed
-        goes in the same round trip; another follows only when the script asks for more."""
+    def _send(
+        self, script: Any, keys: list[str], args: list[Any], token: str
+    ) -> tuple[list[Any], int]:
+        """The script's answer (its token taken off), and how many replicas confirmed it (0
+        when none was asked to), on ONE connection: WAIT counts the replicas that have the
+        writes of the connection it is sent on, so on another pooled connection (one that
+        wrote nothing since) it would answer at once. A WAIT for as many replicas as the last
+        write needed goes in the same round trip; another follows only when the script asks
+        for more. A reply out of step (left on a pooled connection by a request that gave
+        up on it, and come after redis-py's check for unread data: torture seed 13 of
+        redis-replica, where the next write read it and died on a TypeError) is a broken
+        connection, never another request's answer taken for this one's."""
         expected = 0 if self.unsafe else self._expected
         pool = self._client.connection_pool
         conn = pool.get_connection()
@@ -296,8 +328,8 @@ class RedisFailover:
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
-            answer = list(replies[0])
-            acks = int(replies[1]) if expected else 0
+            answer = _answer(replies[0], token)
+            acks = _count(replies[1]) if expected else 0
             if self.unsafe or answer[0] in ("failover", "fewer"):
                 return answer, acks
             need, online = int(answer[0]), int(answer[1])
@@ -326,7 +358,7 @@ class RedisFailover:
     def _wait(conn: Any, replicas: int, ms: int) -> int:
         """WAIT on `conn`: the replicas that have its writes once `replicas` do, or `ms`."""
         conn.send_command("WAIT", replicas, ms)
-        return int(conn.read_response())
+        return _count(conn.read_response())
 
     @staticmethod
     def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
