@@ -18,6 +18,9 @@ always` (tests/server_redis.py), each on a loopback address of its own, and meas
   clients8_vs_single      clients8_ids_per_s / single_ids_per_s (contention's cost: >= 1.0)
   clients8_density        the ids they got / the numbers from their lowest id to their highest:
                           what contention's skips ahead spent (1.0: none; below 0.5 fails)
+  own_keys8_vs_single     the same processes, each on a key of its own (no contention): what the
+                          machine and the nodes allow, the ceiling clients8_vs_single is held
+                          under by one key's rounds winning one at a time
   group_ids_per_s         8 caller processes through `idmint serve --quorum` (group commit),
                           each request --batch ids (a range) of quorum key "group",
                           which the bench makes in the server's store first
@@ -93,10 +96,13 @@ def density(calls: list[Call]) -> float:
     return sum(c[3] - c[2] + 1 for c in calls) / span
 
 
-def _generator_client(urls: list[str], seconds: float, out: Any) -> None:
+def _generator_client(urls: list[str], own_key: bool, seconds: float, out: Any) -> None:
+    """One direct client's calls: on the phase's shared key, or on a key of its own."""
+    import os
+
     from idmint import open_quorum
 
-    gen = open_quorum("clients8", urls)
+    gen = open_quorum(f"own{os.getpid()}" if own_key else "clients8", urls)
     gen.next_id()  # connected, checked
     out.put(_timed(seconds, lambda: (i := gen.next_id(), i)))
     gen.close()
@@ -293,13 +299,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["single_errors"] = errors
         result["ratio_vs_pottery"] = round(len(single) / max(1, len(got)), 2)
 
-        eight = _processes(_generator_client, (urls, seconds), args.clients)
+        eight = _processes(_generator_client, (urls, False, seconds), args.clients)
         result["clients"] = args.clients
         calls8 = [c for calls, _ in eight for c in calls]
         result["clients8_ids_per_s"] = round(len(calls8) / seconds)
         result["clients8_errors"] = sum(e for _, e in eight)
         result["clients8_vs_single"] = round(len(calls8) / max(1, len(single)), 2)
         result["clients8_density"] = round(density(calls8), 3)
+        own = _processes(_generator_client, (urls, True, seconds), args.clients)
+        own_ids = sum(len(calls) for calls, _ in own)
+        result["own_keys8_vs_single"] = round(own_ids / max(1, len(single)), 2)
 
         group = group_commit(urls, args, result)
         result["violations"] = violations(single) + violations(calls8) + violations(group)

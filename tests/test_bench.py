@@ -81,6 +81,7 @@ def _quorum(out: list[dict[str, Any]]) -> None:
     assert result["smoke"] and result["failed"] == [] and result["violations"] == 0, result
     for phase in ("single", "clients8", "group"):
         assert result[f"{phase}_ids_per_s"] > 0 and result[f"{phase}_errors"] == 0, phase
+    assert result["own_keys8_vs_single"] > 0
 
 
 def _quorum_keys(out: list[dict[str, Any]]) -> None:

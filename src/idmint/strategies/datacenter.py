@@ -415,7 +415,7 @@ class DatacenterRanges(DatacenterCellStore):
                 if got[0].applied >= applied and not got[0].retired and got[0].scope in ("", mine):
                     return got[1], None, None
                 applied = max(applied, got[0].applied)
-            row = replace(LocalRow.new(self.dc, top, applied, self._clock_ms()), scope=mine)
+            row = LocalRow.new(self.dc, top, applied, self._clock_ms(), mine)
             return (None if got is None else got[1]), row.encode(), None
 
         self._update(name, "reset", fresh, on_global=False)

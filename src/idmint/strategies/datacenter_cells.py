@@ -287,8 +287,11 @@ class LocalRow:
         return any(before < mark * size <= after for mark in marks)
 
     @classmethod
-    def new(cls, dc: str, top: GlobalRow, applied: int, now_ms: int) -> LocalRow:
-        return cls(dc, top.uid, applied=applied, serving=applied, updated_ms=now_ms).settled(top)
+    def new(cls, dc: str, top: GlobalRow, applied: int, now_ms: int, scope: str) -> LocalRow:
+        """A datacenter's first cell (or one `dc reset` writes anew), written by the store
+        `scope` names (see `scope`)."""
+        row = cls(dc, top.uid, applied=applied, serving=applied, updated_ms=now_ms, scope=scope)
+        return row.settled(top)
 
     def settled(self, top: GlobalRow) -> LocalRow:
         """The row with the key's settings as the global cell has them now."""

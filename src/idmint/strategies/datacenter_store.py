@@ -298,8 +298,7 @@ class DatacenterCellStore(ForkAware):
                     "it handed out may repeat. Once no process serves the old reservations, "
                     f"abandon them with `idmint dc reset {name} --dc {self.dc}`"
                 )
-            row = LocalRow.new(self.dc, top, done, self._clock_ms())
-            row = replace(row, scope=self._local_store()["id"])
+            row = LocalRow.new(self.dc, top, done, self._clock_ms(), self._local_store()["id"])
             self.local_cas.create(local_cell(name, self.dc), row.encode())
         raise StoreUnavailable(  # made (by us or another) and still not there to read
             f"datacenter {self.dc!r}: its cell of key {name!r} in {self.local_cas.display_url} "
