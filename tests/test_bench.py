@@ -154,10 +154,12 @@ class Run:
         return self.err.read()[-2000:] + "\n" + self.out.read()[-2000:]
 
     def close(self) -> None:
-        """The script and whatever it left running (a server, clients), killed."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        """The script, if it still runs, killed with whatever it started (its clients). Only
+        while it runs: once it is reaped, its group id may be another's."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         self.out.close()
         self.err.close()
 

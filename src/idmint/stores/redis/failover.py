@@ -41,6 +41,7 @@ replica that was not connected).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -282,7 +283,10 @@ class RedisFailover:
                     "(docs/stores.md)"
                 )
             if acks > need:  # more replicas confirmed it than the requirement counts
-                self._call(partial(self._confirmed, keys=[self.lineage_key], args=[acks]))
+                # The write stands either way: a raise that fails is made by a later write
+                # those replicas confirm (the requirement only counts them from then on).
+                with contextlib.suppress(StoreUnavailable):
+                    self._call(partial(self._confirmed, keys=[self.lineage_key], args=[acks]))
             return body
         raise StoreUnavailable(f"store {self.display_url}: its primary kept changing")
 
