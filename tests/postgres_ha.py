@@ -59,6 +59,19 @@ def execute(server: PostgresServer, *statements: str) -> list[tuple[Any, ...]]:
     return rows
 
 
+def wait_for_replay(primary: PostgresServer, standby: PostgresServer, timeout: float = 20) -> None:
+    """Until `standby` has replayed everything `primary` had written when this was called (an
+    asynchronous standby may trail by seconds on a loaded machine: a test that cuts it off
+    must know what it has)."""
+    [(written,)] = execute(primary, "SELECT pg_current_wal_lsn()::text")
+
+    def replayed() -> bool:
+        [(done,)] = execute(standby, f"SELECT pg_last_wal_replay_lsn() >= '{written}'::pg_lsn")
+        return bool(done)
+
+    wait_until(replayed, timeout, "the standby to replay what the primary had written")
+
+
 def configure(server: PostgresServer, **settings: str) -> None:
     """ALTER SYSTEM SET each setting, then reload: what an HA manager does to a running
     server (settings that need a restart wait for the next one)."""

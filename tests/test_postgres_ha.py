@@ -27,6 +27,7 @@ from postgres_ha import (
     ha_pair,
     patroni_cluster,
     switch,
+    wait_for_replay,
 )
 from servers import LOOPBACK, PostgresServer, wait_until
 
@@ -159,6 +160,7 @@ def test_the_negative_control_repeats_ids_and_the_checker_sees_them() -> None:
         Partition() as partition,
         Load(_url(a, b, params=url_params)) as load,
     ):
+        wait_for_replay(a, b)  # the key and some ranges on the standby: else nothing repeats
         partition.cut_address(link, a.port)
         time.sleep(1.0)
         switch(a, b, crash=True)
@@ -220,6 +222,7 @@ def test_the_patroni_negative_control_repeats_ids_and_the_checker_sees_them() ->
         Partition() as partition,
         Load(_url(leader, standby, params="&unsafe_replication=1&failover_gap=0")) as load,
     ):
+        wait_for_replay(leader, standby)  # the key and some ranges there: else nothing repeats
         partition.cut_address(link, leader.port)
         time.sleep(1.0)
         _kill_the_leader(leader, standby)

@@ -117,11 +117,7 @@ def check(
     `increasing`: the processes (names without incarnation) whose calls must go up;
     `clock_ahead`: those whose wall clock was stepped ahead."""
     verdict = Verdict()
-    by_key: dict[str, list[Call]] = defaultdict(list)
-    for call in calls:
-        if call.error is None:
-            by_key[call.key].append(call)
-    for key, taken in sorted(by_key.items()):
+    for key, taken in sorted(_by_key(calls).items()):
         verdict.ids_by_key[key] = sum(c.count for c in taken)
         verdict.ids += verdict.ids_by_key[key]
         repeated, examples = _repeats(taken)
@@ -152,6 +148,20 @@ def check(
                     f"snowflake {key}: a worker id's ids out of time order, e.g. {late[:EXAMPLES]}"
                 )
     return verdict
+
+
+def repeated_ids(calls: list[Call]) -> int:
+    """Ids handed out twice within a key, over every key."""
+    return sum(_repeats(taken)[0] for taken in _by_key(calls).values())
+
+
+def _by_key(calls: list[Call]) -> dict[str, list[Call]]:
+    """The calls that handed out ids, by key."""
+    by_key: dict[str, list[Call]] = defaultdict(list)
+    for call in calls:
+        if call.error is None:
+            by_key[call.key].append(call)
+    return by_key
 
 
 def _repeats(calls: list[Call]) -> tuple[int, list[str]]:

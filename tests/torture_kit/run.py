@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from .checker import Call, check, longest_gap, parse
+from .checker import Call, check, longest_gap, parse, repeated_ids
 from .nemesis import Nemesis, Targets, pause_group
 from .setups import SETUPS, Setup
 from harness import Clock, heal_all
@@ -33,6 +33,9 @@ from http_server import ServerProcess
 CLIENT = str(Path(__file__).with_name("client.py"))
 #: Seconds every client has to hand out its first ids, and to serve again after the faults.
 STARTUP, RECOVERY = 90.0, 60.0
+#: Seconds a negative control's clients have, once its faults are over, to hand out again what
+#: the unsafe setting lost: on a loaded machine a failover late in a short run ends with it.
+CONTROL_TAIL = 15.0
 #: Seconds after a fault ends that its outage is still counted.
 GRACE = 5.0
 #: The largest batch a scaled client asks for (idmint serve's MAX_IDS per call).
@@ -161,7 +164,9 @@ def torture(
         if not problems:
             nemesis.run(began + seconds)
             problems += [f"the nemesis failed: {e}" for e in nemesis.errors]
-            if not unsafe:  # a control's clients may stop for good (CounterWentBack): no wait
+            if unsafe:  # its clients may stop for good (CounterWentBack): no wait for each
+                _wait_for_repeats(clients, CONTROL_TAIL)
+            else:
                 problems += _wait_serving(clients, RECOVERY, "to serve again after the faults")
         ended = time.monotonic()
         for client in clients:
@@ -220,6 +225,16 @@ def _wait_serving(clients: list[Client], timeout: float, what: str) -> list[str]
         time.sleep(0.2)
         waiting = [c for c in waiting if c.served() <= before[c.name] and c.proc is not None]
     return [f"client {c.name} did not manage {what} in {timeout:g} s" for c in waiting]
+
+
+def _wait_for_repeats(clients: list[Client], timeout: float) -> None:
+    """Until the records show an id handed out twice, or `timeout` seconds; the checker
+    reports either way."""
+    deadline = time.monotonic() + timeout
+    while not repeated_ids([call for c in clients for call in c.calls()]):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.5)
 
 
 def _summary(
