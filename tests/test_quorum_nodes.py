@@ -123,6 +123,36 @@ def test_a_redis_node_s_multiplexed_claims_go_as_resp_on_its_socket(
     engine.close()
 
 
+def test_a_placed_claim_goes_just_above_the_counter_within_its_limit(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A placed claim (a limit): at its start while the counter is below, else just above
+    the counter, added as decimal text (Lua's doubles would round past 2^53; the ACL rule has
+    no INCRBY), and refused once its start would pass the limit."""
+    engine = open_engine(fresh_store_url("redis", request, tmp_path))
+    node = engine.quorum()
+    assert isinstance(node, RedisQuorumNode)
+    node.mux_connect()
+    node.send_claim("p", 10, 19, 1000)
+    assert node.receive_claim() == (True, 19, 10)  # below: at its start
+    node.send_claim("p", 10, 19, 1000)
+    assert node.receive_claim() == (True, 29, 10)  # [20, 29]: just above the counter
+    node.send_claim("p", 2**60 + 1, 2**60 + 3, 2**62)
+    assert node.receive_claim() == (True, 2**60 + 3, 2**60 + 1)
+    node.send_claim("p", 5, 7, 2**62)
+    assert node.receive_claim() == (True, 2**60 + 6, 5)  # exact past 2^53
+    node.send_claim("p", 5, 7, 2**60 + 6)  # its start would be 2^60 + 7: past the limit
+    assert node.receive_claim() == (False, 2**60 + 6, 5)
+    assert node.claim("p", 2**60 + 7, 2**60 + 7) == (True, 2**60 + 7)  # exact: limit = start
+    assert node.claim("p", 2**60 + 7, 2**60 + 8) == (False, 2**60 + 7)
+    for counter, count in ((999, 1), (99_999_999, 12_345), (2**62 - 1, 2**62 - 5)):
+        node.send_claim(f"c{counter}", 1, counter, 2**63)
+        assert node.receive_claim() == (True, counter, 1)  # the counter, set as it is
+        node.send_claim(f"c{counter}", 1, count, 2**63)
+        assert node.receive_claim() == (True, counter + count, 1)  # carried digit by digit
+    engine.close()
+
+
 def test_claim_answers_are_read_whole_and_errors_named() -> None:
     whole = b"*3\r\n:1\r\n$19\r\n9223372036854775806\r\n$1\r\n5\r\n"
     for cut in range(len(whole)):  # an answer that has come in part

@@ -127,8 +127,12 @@ class MultiplexedQuorumNode(QuorumNode, Protocol):
     def mux_connect(self) -> None:
         """Open the claim connection (blocking, bounded by the store timeout)."""
 
-    def send_claim(self, key: str, start: int, end: int) -> None:
-        """Send a claim on the open connection; its answer comes through `receive_claim`."""
+    def send_claim(self, key: str, start: int, end: int, limit: int | None = None) -> None:
+        """Send a claim on the open connection; its answer comes through `receive_claim`.
+        With `limit` (>= start) it is placed: if the counter is below `start` it is set to
+        `end`, as `claim` does; else, if the counter is below `limit`, it moves up by the
+        claim's size (the range placed just above it) and the answer is (True, the new
+        counter); else (False, counter). Without, it is `claim`'s exact claim."""
 
     def fileno(self) -> int:
         """The claim connection's socket, readable once an answer arrives."""

@@ -23,13 +23,26 @@ stale guess costs one refused round. The proof needs every acknowledged claim to
 crash of its node: a node that comes back with a lower counter can let a later round take ids
 again. Hence the refusal of nodes that do not fsync before answering (`durability()`).
 
+On Redis nodes a round's claim is placed (quorum_counter._mux_round):
+
+    place(start, end, limit): as claim, but where the counter is at or past start (and below
+                              limit), counter += end - start + 1: the range just above it;
+                              answer yes and the counter
+
+and the round wins on a range that a majority placed in the same spot. Both arguments hold
+with "the range a node gave the round" for [start, end]: a node gives each claim ids above
+every one it gave before, so two winning ranges, given by a node the two majorities share,
+are apart, and a round that began after another won gets ids above it there. A stale start
+costs nothing, and callers whose claims reach the nodes in the same order all win at once.
+
 Contention: callers who claim the same start at once may split the nodes so that nobody has
-a majority; every one of them retries above what it saw, after a random wait that doubles
-each time (up to `longest_wait`), until `deadline`, then QuorumUnavailable. Group commit
-(QuorumGenerator) avoids it within a process: callers that arrive while a round runs wait for
-the next one, which claims all their ids at once and hands them out in arrival order. Each of
-them began before that round did, so every id is above each id handed out before its caller
-asked.
+a majority (placed claims: nodes that took them in different orders put them apart); every one
+of them retries above what it saw, after a random wait that doubles each time (up to
+`longest_wait`; none after placed claims that every node took, only apart), until `deadline`,
+then QuorumUnavailable. Group commit (QuorumGenerator) avoids it within a process: callers
+that arrive while a round runs wait for the next one, which claims all their ids at once and
+hands them out in arrival order. Each of them began before that round did, so every id is
+above each id handed out before its caller asked.
 """
 
 from __future__ import annotations

@@ -52,9 +52,48 @@ class _KeyNode:
 
 @dataclass
 class _Outcome:
-    applied: int = 0  # nodes that took the claim
+    applied: int = 0  # nodes that took the claim (placed: the most that placed it in one spot)
     refused: int = 0  # nodes that answered no
     errors: list[str] = field(default_factory=list)
+    end: int = 0  # the end of the range those nodes took
+
+
+@dataclass
+class _Votes:
+    """Where the nodes of a placed round put its range (by the range's end), and which of
+    them were asked again, exactly, for another place (once each: see _mux_round)."""
+
+    at: dict[NodeSlot, int] = field(default_factory=dict)
+    asked_again: set[NodeSlot] = field(default_factory=set)
+
+    def placed(self, slot: NodeSlot, end: int) -> tuple[int, int]:
+        """Note that `slot`'s node put the range at `end`; the most nodes at one place, and
+        that place (the highest of those with as many)."""
+        self.at[slot] = end
+        ends = list(self.at.values())
+        return max((ends.count(e), e) for e in ends)
+
+    def target(self, majority: int, others: int) -> int | None:
+        """The place to gather a majority on: of those that can still have one (its nodes,
+        those that put the range lower and were not asked again, and `others` nodes still to
+        answer or be asked), the one with the most nodes, then the highest; None if none can
+        (or none was chosen yet)."""
+        ends = list(self.at.values())
+        can = [
+            (ends.count(e), e)
+            for e in set(ends)
+            if ends.count(e) + len(self._lower(e)) + others >= majority
+        ]
+        return max(can)[1] if can else None
+
+    def lower(self, end: int) -> list[NodeSlot]:
+        """The nodes that put the range below `end` and were not asked again: now they are."""
+        slots = self._lower(end)
+        self.asked_again.update(slots)
+        return slots
+
+    def _lower(self, end: int) -> list[NodeSlot]:
+        return [s for s, e in self.at.items() if e < end and s not in self.asked_again]
 
 
 class QuorumCounter(ForkAware):
@@ -253,6 +292,7 @@ class QuorumCounter(ForkAware):
                 outcome.errors.append(f"{slot.node.display_url}: refused ({refused})")
             elif answer[0]:
                 outcome.applied += 1
+                outcome.end = end
             else:
                 outcome.refused += 1
         return outcome
@@ -260,43 +300,56 @@ class QuorumCounter(ForkAware):
     # -- multiplexed rounds ------------------------------------------------------------------
 
     def _mux_round(self, start: int, end: int, until: float) -> _Outcome:
-        """`_round` on MultiplexedQuorumNodes: send the claim to a majority of the nodes (the
-        first usable ones, in the order given), then read the answers as they come. The other
-        nodes are sent it too when one of those fails, when callers split them (some took it,
-        some refused), or when one has not answered within `_hedge_after`; not when only
-        refusals came (the round is stale: the rest cannot make it win). A round needs a
+        """`_round` on MultiplexedQuorumNodes, with placed claims (see quorum.py): each node
+        puts the range at `start` or just above its counter, and the round wins where a
+        majority put it in one place. Callers whose claims reach the nodes in one order all
+        win at once; a stale start costs nothing.
+
+        The claim goes to a majority of the nodes (the first usable ones, in the order given)
+        and the answers are read as they come. When those cannot make a majority (one failed,
+        or they placed it apart), the round gathers one on a place they chose (`_Votes`):
+        exact claims there to the nodes that placed it lower, whose counters are below it, and
+        to the rest of the nodes, whose counters trail the first nodes'. The rest are sent a
+        claim too when a node has not answered within `_hedge_after`. A round needs a
         majority, not every node: claims to the rest cost each a write and an fsync, and the
-        client a send and a read, for nothing while all is well; with eight clients on one
-        machine that was a third of the CPU an id took (issue 31). A node is sent a claim
-        only once its previous answer (maybe another key's) is read; connecting and checking a
-        node run on its own thread, never holding up a round."""
+        client a send and a read, for nothing while all is well (issue 31). A node is sent a
+        claim only once its previous answer (maybe another key's) is read; connecting and
+        checking a node run on its own thread, never holding up a round."""
         outcome = _Outcome()
+        votes = _Votes()
         live: dict[int, NodeSlot] = {}
         reserve = list(self._slots)
         sent_at = time.monotonic()
-        self._mux_send_until(self.majority, reserve, start, end, outcome, live)
-        while outcome.applied < self.majority <= outcome.applied + len(live) + len(reserve):
-            now = time.monotonic()
-            short = outcome.applied + len(live) < self.majority  # the first nodes cannot win it
-            if reserve and (
-                now - sent_at >= self._hedge_after  # one is slow
-                or (short and (outcome.errors or outcome.applied))  # failed, or callers split
-            ):
-                self._mux_send_until(len(self._slots), reserve, start, end, outcome, live)
-                continue
-            left = until - now
+        count = end - start + 1
+        placed = (start, end, self.options.max - count + 1)  # anywhere within the key's bound
+        self._mux_send(self.majority, reserve, placed, outcome, live)
+        while outcome.applied < self.majority:
+            target = votes.target(self.majority, len(live) + len(reserve))
+            claim = placed if target is None else (target - count + 1, target, target - count + 1)
+            if outcome.applied + len(live) < self.majority:  # those out cannot win it
+                if target is not None:
+                    again = votes.lower(target)
+                    self._mux_send(len(again), again, claim, outcome, live)
+                elif votes.at:
+                    break  # no place can have a majority now
+                self._mux_send(len(reserve), reserve, claim, outcome, live)
+            elif reserve and time.monotonic() - sent_at >= self._hedge_after:  # one is slow
+                self._mux_send(len(reserve), reserve, claim, outcome, live)
+            if not live:
+                break
+            left = until - time.monotonic()
             if left <= 0:
                 outcome.errors += [f"{s.node.display_url}: no answer" for s in live.values()]
                 break
             if reserve:
-                left = min(left, max(0.0, sent_at + self._hedge_after - now))
+                left = min(left, max(0.0, sent_at + self._hedge_after - time.monotonic()))
             for fd in readable(live, left):
                 slot = live.pop(fd)
                 answer = _mux_receive(slot)
                 if isinstance(answer, Exception):
                     outcome.errors.append(f"{slot.node.display_url}: {answer}")
-                elif answer:
-                    outcome.applied += 1
+                elif answer[0]:
+                    outcome.applied, outcome.end = votes.placed(slot, answer[1])
                 else:
                     outcome.refused += 1
         if outcome.applied >= self.majority:  # how long a round takes here, for the hedge
@@ -326,19 +379,20 @@ class QuorumCounter(ForkAware):
         times a usual round, so a slow node costs little, and not less than HEDGE_FLOOR."""
         return max(HEDGE_FLOOR, 4 * self._round_time)
 
-    def _mux_send_until(
+    def _mux_send(
         self,
-        count: int,
+        want: int,
         slots: list[NodeSlot],
-        start: int,
-        end: int,
+        claim: tuple[int, int, int],
         outcome: _Outcome,
         live: dict[int, NodeSlot],
     ) -> None:
-        """Send the claim [start, end] to the usable nodes among `slots`, in order, until
-        `count` claims are out (`live`, by descriptor); each is taken off `slots`, and why a
-        node was not usable goes in the outcome's errors."""
-        while slots and len(live) + outcome.applied + outcome.refused < count:
+        """Send the claim (start, end, limit: see MultiplexedQuorumNode.send_claim) to the
+        usable nodes among `slots`, in order, until `want` are sent (`live`, by descriptor);
+        each is taken off `slots`, and why a node was not usable goes in the outcome's
+        errors."""
+        sent = 0
+        while slots and sent < want:
             slot = slots.pop(0)
             node = cast(MultiplexedQuorumNode, slot.node)
             url = node.display_url
@@ -349,14 +403,15 @@ class QuorumCounter(ForkAware):
                 outcome.errors.append(f"{url}: an earlier claim is still unanswered")
                 continue
             try:
-                node.send_claim(self.key, start, end)
+                node.send_claim(self.key, *claim)
             except Exception as exc:
                 _mux_failed(slot, exc)
                 outcome.errors.append(f"{url}: {exc}")
                 continue
-            slot.outstanding, slot.sent_at = (self, start), time.monotonic()
+            slot.outstanding, slot.sent_at = (self, claim[0]), time.monotonic()
             slot.health.in_flight = True
             live[node.fileno()] = slot
+            sent += 1
 
     def _drain(self, slot: NodeSlot) -> bool:
         """Read the late answer to the slot's outstanding claim if it has come (True: the node
@@ -408,18 +463,24 @@ class QuorumCounter(ForkAware):
                     self.before_claim(start, end)
                 outcome = self._take_turn(start, end, give_up)
                 if outcome.applied >= self.majority:
-                    self._guess = end + 1
+                    self._guess = outcome.end + 1
                     self._spread = max(1.0, self._spread * 0.95)
                     self.rounds += 1
-                    return Range(start, end + 1)
-                self._lost_round(outcome, count, end)
+                    return Range(outcome.end - count + 1, outcome.end + 1)
+                self._lost_round(outcome, count)
                 # Then a random wait, doubling with each loss: fewer callers race at once. But
                 # a round every node refused only had a stale start, which their answers just
                 # corrected; a caller that waited after each of those would be stale again each
                 # time, and could starve behind busy ones until its deadline. So once a request
-                # has waited longer than a round may, such a round goes again at once.
+                # has waited longer than a round may, such a round goes again at once. So
+                # does a round that every node answered and placed, only apart: they took
+                # claims that came together in different orders (callers all progress), and
+                # the next is placed above them all (a wait there held eight callers back,
+                # issue 31). A round that nodes failed waits: it may be short of a majority,
+                # and going again at once would only spend ids on the rest.
                 stale = outcome.refused and not outcome.applied
-                if not (stale and time.monotonic() - began > options.round_wait):
+                apart = self.nodes.multiplexed and outcome.applied and not outcome.errors
+                if not (apart or (stale and time.monotonic() - began > options.round_wait)):
                     pause = _jitter.uniform(0, wait_cap)
                     wait_cap = min(wait_cap * 2, options.longest_wait)
                     time.sleep(max(0, min(give_up - time.monotonic(), pause)))
@@ -444,9 +505,9 @@ class QuorumCounter(ForkAware):
             start += count * _jitter.randrange(max(1, min(int(self._spread), room + 1)))
         return start
 
-    def _lost_round(self, outcome: _Outcome, count: int, end: int) -> None:
-        """Count a round of `count` ids up to `end` that won no majority, and move the next
-        round's start on. Called with `_lock` held."""
+    def _lost_round(self, outcome: _Outcome, count: int) -> None:
+        """Count a round of `count` ids that won no majority, and move the next round's start
+        on. Called with `_lock` held."""
         self.retries += 1
         if outcome.applied:
             self.burnt += count
@@ -461,13 +522,16 @@ class QuorumCounter(ForkAware):
             # node refused was only stale (their answers say where the key is now), no
             # split: widening on those too had eight clients hand out one id in ten of the
             # numbers they spent (issue 31).
-            if outcome.applied:
+            # Placed claims (multiplexed nodes) need no spread: each node puts a claim above
+            # the others it took; rounds lose there only when the nodes took them in
+            # different orders.
+            if outcome.applied and not self.nodes.multiplexed:
                 self._spread = min(self._spread * 2, MAX_SPREAD)
             # The next round starts above every counter seen; above this round's end only if
             # a node took it. A round every node refused claimed nothing: skipping its ids
             # spent them for nothing, N ids of a bounded key at each fresh start below N.
             highest = max(m.counter for m in self._mine)
-            self._guess = max(self._guess, highest + 1, end + 1 if outcome.applied else 0)
+            self._guess = max(self._guess, highest + 1, outcome.end + 1 if outcome.applied else 0)
 
     def _no_majority(self, outcome: _Outcome) -> QuorumUnavailable:
         """The error of a request whose deadline passed; `outcome` is its last round's."""
@@ -539,9 +603,10 @@ class QuorumCounter(ForkAware):
             self.nodes.close()
 
 
-def _mux_receive(slot: NodeSlot) -> bool | Exception:
+def _mux_receive(slot: NodeSlot) -> tuple[bool, int] | Exception:
     """The answer to the slot's outstanding claim, noted for the key that sent it (any key of
-    the set may read it): whether it applied, or the error."""
+    the set may read it): whether it applied and the counter after it (an applied claim's
+    range ends there), or the error."""
     node = cast(MultiplexedQuorumNode, slot.node)
     try:
         applied, counter, echoed = node.receive_claim()
@@ -558,7 +623,7 @@ def _mux_receive(slot: NodeSlot) -> bool | Exception:
     key._answered(slot, applied, counter)
     if (refused := key._refused(slot)) is not None:
         return InvalidArgument(f"refused ({refused})")
-    return applied
+    return applied, counter
 
 
 def _mux_failed(slot: NodeSlot, error: Exception) -> None:

@@ -28,24 +28,47 @@ from .failover import no_script_error
 
 T = TypeVar("T")
 
-# KEYS[1] the counter, ARGV[1] start, ARGV[2] end: decimal integers without leading zeros,
-# compared as text (length first, then digits), so counters past 2^53 (where Lua's numbers
-# lose precision) compare right. Answers {1, end} when it set the counter, else {0, counter};
-# then the claim's start, so that an answer is never taken for another claim's.
+# KEYS[1] the counter; ARGV[1] start, ARGV[2] end, ARGV[3] limit, ARGV[4] the count of ids
+# (end - start + 1): decimal integers without leading zeros, compared as text (length first,
+# then digits) and added digit by digit, so counters past 2^53 (where Lua's numbers lose
+# precision) come out exact. Below `start` the counter is set to `end`; else, while the counter
+# is below `limit`, the range is placed just above it (the counter moves up by the count), so
+# its start is at most `limit`. Answers {1, the range's end} when it moved the counter, else
+# {0, counter}; then the claim's start, so that an answer is never taken for another claim's.
+# A limit equal to start is the exact claim of QuorumNode.claim. (The addition is done here,
+# not with INCRBY: the ACL rule of idmint's user, docs/stores.md, grants no INCRBY.)
 _CLAIM = """
+local function below(a, b)
+    return #a < #b or (#a == #b and a < b)
+end
+local function plus(a, b)
+    local digits, carry, i, j = {}, 0, #a, #b
+    while i > 0 or j > 0 or carry > 0 do
+        local d = carry + (i > 0 and a:byte(i) - 48 or 0) + (j > 0 and b:byte(j) - 48 or 0)
+        digits[#digits + 1] = d % 10
+        carry = (d - d % 10) / 10
+        i, j = i - 1, j - 1
+    end
+    return string.reverse(table.concat(digits))
+end
 local current = redis.call('GET', KEYS[1]) or '0'
 local start = ARGV[1]
-if #current < #start or (#current == #start and current < start) then
+if below(current, start) then
     redis.call('SET', KEYS[1], ARGV[2])
     return {1, ARGV[2], start}
+end
+if below(current, ARGV[3]) then
+    local moved = plus(current, ARGV[4])
+    redis.call('SET', KEYS[1], moved)
+    return {1, moved, start}
 end
 return {0, current, start}
 """
 
 
 # A claim on the multiplexed connection, as RESP: EVAL, the script, one key, then the key's
-# counter, start and end as bulk strings (see send_claim).
-_EVAL_HEAD = b"*6\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (
+# counter, start, end, limit and count as bulk strings (see send_claim).
+_EVAL_HEAD = b"*8\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (
     len(_CLAIM.encode()),
     _CLAIM.encode(),
 )
@@ -125,7 +148,7 @@ class RedisQuorumNode:
     def claim(self, key: str, start: int, end: int) -> tuple[bool, int]:
         # Not re-sent on a broken connection: a claim that applied would then answer False
         # (harmless here, but an error says more than a refusal that was not one).
-        args = (1, self._counter(key), str(start), str(end))
+        args = (1, self._counter(key), str(start), str(end), str(start), str(end - start + 1))
         with self._lock:
             applied, value, _ = cast(
                 list[Any], self._call(lambda: self._send(args), idempotent=False)
@@ -178,7 +201,7 @@ class RedisQuorumNode:
     # one small command and its answer one small array, and that took about half the CPU of
     # a round. redis-py still makes the connection (TLS, AUTH, SELECT, HELLO).
 
-    def send_claim(self, key: str, start: int, end: int) -> None:
+    def send_claim(self, key: str, start: int, end: int, limit: int | None = None) -> None:
         if not self.mux_connected():
             raise StoreUnavailable(f"store {self.display_url}: no claim connection")
         # EVAL, not EVALSHA: a server that restarted has no script cache, and an answer that
@@ -189,6 +212,8 @@ class RedisQuorumNode:
                 _bulk(self._counter(key).encode()),
                 _bulk(b"%d" % start),
                 _bulk(b"%d" % end),
+                _bulk(b"%d" % (start if limit is None else limit)),
+                _bulk(b"%d" % (end - start + 1)),
             )
         )
         self._mux_read = b""
