@@ -56,6 +56,11 @@ class Log:
         sys.stdout.flush()
 
 
+#: The errors said in full so far (a `#` line each, which the parser skips): an E line names
+#: only the class, and a worker stalled on one error said nothing of why.
+_said: set[str] = set()
+
+
 def record(log: Log, call: Callable[[], int]) -> bool:
     """One call, logged as an O line (its id) or an E line (its error); False if it raised."""
     t0 = time.monotonic()
@@ -63,6 +68,10 @@ def record(log: Log, call: Callable[[], int]) -> bool:
         value = call()
     except IdmintError as exc:
         log.add(f"E {t0:.6f} {time.monotonic():.6f} {type(exc).__name__}")
+        said = f"# {type(exc).__name__}: {exc}".replace("\n", " ")
+        if said not in _said and len(_said) < 20:
+            _said.add(said)
+            log.add(said)
         return False
     log.add(f"O {t0:.6f} {time.monotonic():.6f} {value}")
     return True

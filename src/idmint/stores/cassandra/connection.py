@@ -137,6 +137,9 @@ class Connection(ForkAware):
         self.serial = getattr(levels, settings.serial)
         self.consistency = getattr(levels, settings.consistency)
         self.one = levels.ONE
+        # The store's identity is one for the whole cluster, whatever this URL's serial: made
+        # by a Paxos round across every datacenter (see store_identity).
+        self.global_serial, self.global_consistency = levels.SERIAL, levels.QUORUM
         self._lock = threading.Lock()
         self._cluster: Any = None
         self._session: Any = None
@@ -405,21 +408,29 @@ class Connection(ForkAware):
                     raise
                 back_off(attempt)
 
-    def lwt(self, statements: list[tuple[str, tuple[Any, ...]]]) -> tuple[bool, dict[str, Any]]:
+    def lwt(
+        self, statements: list[tuple[str, tuple[Any, ...]]], *, everywhere: bool = False
+    ) -> tuple[bool, dict[str, Any]]:
         """A conditional statement (or batch of them, one partition): whether it was applied,
-        and the current values of the columns its conditions name when it was not."""
+        and the current values of the columns its conditions name when it was not. With
+        `everywhere`, decided at SERIAL (and QUORUM) whatever the URL's serial."""
+        consistency, serial = (
+            (self.global_consistency, self.global_serial)
+            if everywhere
+            else (self.consistency, self.serial)
+        )
 
         def body(session: Any) -> tuple[bool, dict[str, Any]]:
             if len(statements) == 1:
                 cql, params = statements[0]
-                prepared = self._prepare(session, cql, self.consistency, self.serial)
+                prepared = self._prepare(session, cql, consistency, serial)
                 answer = session.execute(prepared, params, timeout=self.timeout)
             else:
                 batch = self._driver.query.BatchStatement(
-                    consistency_level=self.consistency, serial_consistency_level=self.serial
+                    consistency_level=consistency, serial_consistency_level=serial
                 )
                 for cql, params in statements:
-                    batch.add(self._prepare(session, cql, self.consistency, self.serial), params)
+                    batch.add(self._prepare(session, cql, consistency, serial), params)
                 answer = session.execute(batch, timeout=self.timeout)
             row: dict[str, Any] = answer.one() or {}
             return bool(row.get("[applied]")), row
@@ -543,7 +554,13 @@ def store_identity(conn: Connection, *, create: bool) -> StoreIdentity | None:
 
     Not a Paxos read: every acquire reads it, and Paxos reads of one partition contend with each
     other. A row written once by a lightweight transaction is seen by a quorum read once it is
-    committed; one still in progress is completed by the `IF NOT EXISTS` that finds it."""
+    committed; one still in progress is completed by the `IF NOT EXISTS` that finds it.
+
+    It is made at SERIAL even through a LOCAL_SERIAL URL: two datacenters' LOCAL_SERIAL rounds
+    are apart, so processes of dc1 and dc2 starting on a fresh keyspace each made an identity
+    of their own, and the later write won; a process that had kept the other one refused its
+    datacenter's cell for good, "last written through store ..." (CI, twice, in
+    tests/test_datacenter_faults.py's first Cassandra test)."""
     read = f"SELECT id, created_ms FROM {conn.meta} WHERE name = ?"
     rows = conn.run(read, ("store",))
     if rows:
@@ -553,9 +570,12 @@ def store_identity(conn: Connection, *, create: bool) -> StoreIdentity | None:
     made_id, made_ms = uuid.uuid4().hex, conn.clock_ms()
     make = f"INSERT INTO {conn.meta} (name, id, created_ms) VALUES (?, ?, ?) IF NOT EXISTS"
     try:
-        applied, row = conn.lwt([(make, ("store", made_id, made_ms))])
-    except Unsure:  # ours or another's: the read says which
-        return store_identity(conn, create=False) or store_identity(conn, create=True)
+        applied, row = conn.lwt([(make, ("store", made_id, made_ms))], everywhere=True)
+    except Unsure:  # ours or another's: the read says which; none yet: a later call makes it
+        found = store_identity(conn, create=False)
+        if found is None:
+            raise  # once: trying again here looped for as long as the round timed out
+        return found
     if applied:
         return StoreIdentity(made_id, made_ms)
     return StoreIdentity(str(row["id"]), int(row["created_ms"]))
