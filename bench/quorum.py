@@ -16,6 +16,10 @@ always` (tests/server_redis.py), each on a loopback address of its own, and meas
   clients8_ids_per_s      ours, --clients (8) client processes, each its own generator: direct,
                           no server (clients: how many)
   clients8_vs_single      clients8_ids_per_s / single_ids_per_s (contention's cost: >= 1.0)
+  clients8_seconds_vs_single  [slowest, fastest] whole second of that phase, as ids / the single
+                          phase's ids per second: eight clients' rounds switch, within a run,
+                          between a state where most rounds win at once and one where most
+                          need a second step or lose (docs/benchmarks.md)
   clients8_density        the ids they got / the numbers from their lowest id to their highest:
                           what contention's skips ahead spent (1.0: none; below 0.5 fails)
   own_keys8_vs_single     the same processes, each on a key of its own (no contention): what the
@@ -56,8 +60,15 @@ ROOT = Path(__file__).resolve().parents[1]
 Call = tuple[float, float, int, int]  # start, end (monotonic), first id, last id
 
 
-def _timed(seconds: float, call: Callable[[], tuple[int, int]]) -> tuple[list[Call], int]:
-    """Call `call` for `seconds`: its recorded calls and its errors."""
+def _timed(
+    seconds: float, call: Callable[[], tuple[int, int]], start: Any = None
+) -> tuple[list[Call], int]:
+    """Call `call` for `seconds`: its recorded calls and its errors. With `start` (a phase's
+    barrier), once every process of the phase is ready: a process still importing and
+    connecting took CPU from those already timed (the first second of eight clients ran at
+    about half the rate of the others)."""
+    if start is not None:
+        start.wait(SLACK)
     calls: list[Call] = []
     errors = 0
     until = time.monotonic() + seconds
@@ -96,7 +107,21 @@ def density(calls: list[Call]) -> float:
     return sum(c[3] - c[2] + 1 for c in calls) / span
 
 
-def _generator_client(urls: list[str], own_key: bool, seconds: float, out: Any) -> None:
+def seconds_range(calls: list[Call], seconds: float) -> tuple[int, int]:
+    """The fewest and the most ids that calls ending in one whole second of the phase got
+    (seconds counted from its first call's start; (0, 0) for a phase under a second)."""
+    if not calls or seconds < 1:
+        return 0, 0
+    began = min(c[0] for c in calls)
+    per_second = [0] * int(seconds)
+    for call in calls:
+        second = int(call[1] - began)
+        if second < len(per_second):
+            per_second[second] += call[3] - call[2] + 1
+    return min(per_second), max(per_second)
+
+
+def _generator_client(urls: list[str], own_key: bool, seconds: float, start: Any, out: Any) -> None:
     """One direct client's calls: on the phase's shared key, or on a key of its own."""
     import os
 
@@ -104,11 +129,11 @@ def _generator_client(urls: list[str], own_key: bool, seconds: float, out: Any) 
 
     gen = open_quorum(f"own{os.getpid()}" if own_key else "clients8", urls)
     gen.next_id()  # connected, checked
-    out.put(_timed(seconds, lambda: (i := gen.next_id(), i)))
+    out.put(_timed(seconds, lambda: (i := gen.next_id(), i), start))
     gen.close()
 
 
-def _http_caller(port: int, path: str, batch: int, seconds: float, out: Any) -> None:
+def _http_caller(port: int, path: str, batch: int, seconds: float, start: Any, out: Any) -> None:
     # A kept-alive socket and a request made once: the callers share two cores with the
     # server and the nodes, so what they spend per request is taken from the server. A
     # caller's CPU per request: httpx about 1 ms (71,000 ids/s), http.client about 300 µs,
@@ -138,7 +163,7 @@ def _http_caller(port: int, path: str, batch: int, seconds: float, out: Any) -> 
         return body["start"], body["stop"] - 1
 
     call()
-    out.put(_timed(seconds, call))
+    out.put(_timed(seconds, call, start))
     sock.close()
 
 
@@ -149,11 +174,11 @@ def _received(sock: Any) -> bytes:
     return chunk
 
 
-def _child(target: Callable[..., None], args: tuple[Any, ...], out: Any) -> None:
-    """`target(*args, out)`; if it raises, its error is put instead, for the parent to stop
-    at once (its traceback is printed here too)."""
+def _child(target: Callable[..., None], args: tuple[Any, ...], start: Any, out: Any) -> None:
+    """`target(*args, start, out)`; if it raises, its error is put instead, for the parent to
+    stop at once (its traceback is printed here too)."""
     try:
-        target(*args, out)
+        target(*args, start, out)
     except BaseException as exc:
         out.put(f"{target.__name__}: {type(exc).__name__}: {exc}")
         raise
@@ -165,12 +190,16 @@ SLACK = 60.0
 
 
 def _processes(target: Callable[..., None], args: tuple[Any, ...], count: int) -> list[Any]:
-    """Run `target(*args, queue)` in `count` processes at once (`args` end with the phase's
-    seconds); what each put. Fails at once, with the first error, when one dies: waiting for
-    the results of callers that died on their first request had hung the bench for 300 s."""
+    """Run `target(*args, barrier, queue)` in `count` processes at once (`args` end with the
+    phase's seconds; each times its calls once all have passed the barrier); what each put.
+    Fails at once, with the first error, when one dies: waiting for the results of callers
+    that died on their first request had hung the bench for 300 s."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    procs = [context.Process(target=_child, args=(target, args, queue)) for _ in range(count)]
+    start = context.Barrier(count)
+    procs = [
+        context.Process(target=_child, args=(target, args, start, queue)) for _ in range(count)
+    ]
     for p in procs:
         p.start()
     results: list[Any] = []
@@ -306,6 +335,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["clients8_errors"] = sum(e for _, e in eight)
         result["clients8_vs_single"] = round(len(calls8) / max(1, len(single)), 2)
         result["clients8_density"] = round(density(calls8), 3)
+        per_second = len(single) / seconds
+        result["clients8_seconds_vs_single"] = [
+            round(n / max(1.0, per_second), 2) for n in seconds_range(calls8, seconds)
+        ]
         own = _processes(_generator_client, (urls, True, seconds), args.clients)
         own_ids = sum(len(calls) for calls, _ in own)
         result["own_keys8_vs_single"] = round(own_ids / max(1, len(single)), 2)

@@ -82,6 +82,7 @@ def _quorum(out: list[dict[str, Any]]) -> None:
     for phase in ("single", "clients8", "group"):
         assert result[f"{phase}_ids_per_s"] > 0 and result[f"{phase}_errors"] == 0, phase
     assert result["own_keys8_vs_single"] > 0
+    assert result["clients8_seconds_vs_single"] == [0, 0]  # a 0.3 s phase has no whole second
 
 
 def _quorum_keys(out: list[dict[str, Any]]) -> None:
