@@ -72,7 +72,12 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 20) -> Non
 def running(
     args: list[str], url: str, cwd: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A server process for the length of the block, stopped however the block ends."""
+    """A server process for the length of the block, stopped however the block ends, and
+    by a watchdog if this process is killed first (the server has a session of its own, so
+    killing the bench's process group left it running for good)."""
+    sys.path.insert(0, str(BENCH.parent / "tests"))
+    from servers import _Watchdog
+
     proc = subprocess.Popen(
         [*SERVER_CPU, *args],
         cwd=cwd,
@@ -80,6 +85,7 @@ def running(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    watchdog = _Watchdog(proc.pid, None)
     try:
         wait_up(url, proc)
         yield proc
@@ -90,6 +96,7 @@ def running(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        watchdog.disarm()
 
 
 def cpus() -> tuple[list[str], list[str]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from servers import free_port
+from servers import _Watchdog, free_port
 
 
 class ServerProcess:
@@ -46,6 +46,9 @@ class ServerProcess:
         self.args, self.env = list(args), dict(env or {})
         self.log_path = Path(tempfile.mkdtemp(prefix="idmint-serve-")) / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        # Kills the server if this process dies first (SIGKILL, a CI timeout): the server runs
+        # in a session of its own, which killing this one's process group does not reach.
+        self._watchdog: _Watchdog | None = None
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         env = {
@@ -71,6 +74,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+        self._watch(self.proc)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -84,6 +88,13 @@ class ServerProcess:
                 raise RuntimeError(f"idmint serve did not start: {self.log()}")
             time.sleep(0.05)
 
+    def _watch(self, proc: subprocess.Popen[bytes] | None) -> None:
+        """Watch `proc` (None: nothing), disarming the watchdog of the process before: a
+        watchdog left armed would kill its group id at our exit, by then maybe another's."""
+        if self._watchdog is not None:
+            self._watchdog.disarm()
+        self._watchdog = None if proc is None else _Watchdog(proc.pid, None)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
@@ -91,13 +102,16 @@ class ServerProcess:
         """SIGTERM, as an orchestrator stops it; returns the exit code."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        self._watch(None)
+        return code
 
     def kill(self) -> None:
         """SIGKILL the whole process group (granian's workers too)."""
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+        self._watch(None)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -105,4 +119,5 @@ class ServerProcess:
                 self.terminate(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._watch(None)
         shutil.rmtree(self.log_path.parent, ignore_errors=True)

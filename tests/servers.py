@@ -340,7 +340,7 @@ if sys.stdin.buffer.read(1) != b"q":
     except OSError:
         pass
     target = sys.argv[2]
-    for _ in range(3):
+    for _ in range(3 if target else 0):
         for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
             try:
                 if name.isdigit() and os.readlink("/proc/" + name + "/cwd") == target:
@@ -355,10 +355,11 @@ class _Watchdog:
     """A helper process that reads a pipe from us.
 
     EOF without the disarm byte means we died: it then SIGKILLs the
-    server's process group and every process working in its data dir.
+    server's process group and every process working in its data dir (if
+    it has one: `idmint serve` works in the caller's directory).
     """
 
-    def __init__(self, pgid: int, data_dir: Path) -> None:
+    def __init__(self, pgid: int, data_dir: Path | None) -> None:
         read_fd, write_fd = os.pipe()
         try:
             self._proc = subprocess.Popen(
@@ -369,7 +370,7 @@ class _Watchdog:
                     "-c",
                     _WATCHDOG_CODE,
                     str(pgid),
-                    os.path.realpath(data_dir),
+                    "" if data_dir is None else os.path.realpath(data_dir),
                 ],
                 stdin=read_fd,
                 cwd="/",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -379,3 +381,57 @@ def test_restart_and_kill_with_open_connections(
         assert execute(url, "SELECT 1") == [(1,)]
         for close in closers:
             close()
+
+
+_STARTS_A_SERVE = {
+    "the tests' ServerProcess": (
+        "from http_server import ServerProcess\n"
+        "server = ServerProcess(sys.argv[1]).start()\n"
+        "print(server.proc.pid, flush=True)\n"
+    ),
+    "the benchmarks' running()": (
+        "sys.path.insert(0, str(ROOT / 'bench'))\n"
+        "from http_bench import free_port, running\n"
+        "port = free_port()\n"
+        "serve = [sys.executable, '-m', 'idmint', '--store', sys.argv[1], 'serve',"
+        " '--port', str(port)]\n"
+        "with running(serve, f'http://127.0.0.1:{port}/livez') as proc:\n"
+        "    print(proc.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("starter", sorted(_STARTS_A_SERVE))
+def test_an_idmint_serve_outlives_no_killed_parent(starter: str, tmp_path: Path) -> None:
+    """`idmint serve` runs in a session of its own (so a test can kill its whole group), which
+    killing its parent's group does not reach: a test run or bench killed by a timeout left
+    it running for good. A watchdog now kills it when its parent dies."""
+    code = (
+        "import sys, time\nfrom pathlib import Path\n"
+        f"ROOT = Path({str(Path(__file__).resolve().parents[1])!r})\n"
+        "sys.path.insert(0, str(ROOT / 'tests'))\n" + _STARTS_A_SERVE[starter] + "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, f"sqlite:///{tmp_path}/s.db"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout is not None
+        serve = int(parent.stdout.readline())
+        assert _alive(serve)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    wait_until(lambda: not _alive(serve), 10, f"idmint serve ({serve}) to go with its parent")
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not: it holds nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
