@@ -38,7 +38,8 @@ costs nothing, and callers whose claims reach the nodes in the same order all wi
 Contention: callers who claim the same start at once may split the nodes so that nobody has
 a majority (placed claims: nodes that took them in different orders put them apart); every one
 of them retries above what it saw, after a random wait that doubles each time (up to
-`longest_wait`; none after placed claims that every node took, only apart), until `deadline`,
+`longest_wait`; after placed claims that every node took, only apart, a short one of up to
+three rounds' time, which takes callers out of step), until `deadline`,
 then QuorumUnavailable. Group commit (QuorumGenerator) avoids it within a process: callers
 that arrive while a round runs wait for the next one, which claims all their ids at once and
 hands them out in arrival order. Each of them began before that round did, so every id is

@@ -34,6 +34,8 @@ MAX_SPREAD = 64
 OVERDUE = 2.0
 #: The least time a round waits for its first nodes before asking the rest (_hedge_after).
 HEDGE_FLOOR = 0.002
+#: The longest wait after a round placed apart, in usual rounds' time (see _apart_pause).
+APART_PAUSE = 3
 
 
 @dataclass
@@ -472,20 +474,33 @@ class QuorumCounter(ForkAware):
                 # a round every node refused only had a stale start, which their answers just
                 # corrected; a caller that waited after each of those would be stale again each
                 # time, and could starve behind busy ones until its deadline. So once a request
-                # has waited longer than a round may, such a round goes again at once. So
-                # does a round that every node answered and placed, only apart: they took
-                # claims that came together in different orders (callers all progress), and
-                # the next is placed above them all (a wait there held eight callers back,
-                # issue 31). A round that nodes failed waits: it may be short of a majority,
-                # and going again at once would only spend ids on the rest.
+                # has waited longer than a round may, such a round goes again at once. A round
+                # that every node answered and placed, only apart, waits at most a few rounds'
+                # time (_apart_pause). A round that nodes failed waits: it may be short of a
+                # majority, and going again at once would only spend ids on the rest.
                 stale = outcome.refused and not outcome.applied
-                apart = self.nodes.multiplexed and outcome.applied and not outcome.errors
-                if not (apart or (stale and time.monotonic() - began > options.round_wait)):
+                if self.nodes.multiplexed and outcome.applied and not outcome.errors:
+                    pause = self._apart_pause()
+                elif stale and time.monotonic() - began > options.round_wait:
+                    pause = 0.0
+                else:
                     pause = _jitter.uniform(0, wait_cap)
                     wait_cap = min(wait_cap * 2, options.longest_wait)
+                if pause:
                     time.sleep(max(0, min(give_up - time.monotonic(), pause)))
                 if time.monotonic() >= give_up:
                     raise self._no_majority(outcome)
+
+    def _apart_pause(self) -> float:
+        """Seconds to wait after a round the nodes placed apart: random, up to APART_PAUSE
+        times a usual round. Such rounds are lost by callers in step with each other: a node
+        answers the claims that came during one fsync together, so their callers wake and
+        send again together, and the nodes read their claims in different orders again.
+        Eight clients on one key kept in that state for seconds at a time (0.65 to 0.9x of one
+        client); spread over a few rounds' time, they fall out of step. The doubling wait of
+        other lost rounds held them back instead (issue 31), and going again at once kept them
+        in step."""
+        return _jitter.uniform(0, APART_PAUSE * self._round_time)
 
     def _next_start(self, count: int) -> int:
         """The start of the next round of `count` ids. Called with `_lock` held."""
