@@ -75,7 +75,9 @@ def running(
     """A server process for the length of the block, stopped however the block ends, and
     by a watchdog if this process is killed first (the server has a session of its own, so
     killing the bench's process group left it running for good)."""
-    sys.path.insert(0, str(BENCH.parent / "tests"))
+    tests = str(BENCH.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
     from servers import _Watchdog
 
     proc = subprocess.Popen(
@@ -85,8 +87,9 @@ def running(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    watchdog = _Watchdog(proc.pid, None)
+    watchdog = None
     try:
+        watchdog = _Watchdog(proc.pid, None)
         wait_up(url, proc)
         yield proc
     finally:
@@ -96,7 +99,8 @@ def running(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        watchdog.disarm()
+        if watchdog is not None:
+            watchdog.disarm()
 
 
 def cpus() -> tuple[list[str], list[str]]:

@@ -74,7 +74,11 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        self._watch(self.proc)
+        try:
+            self._watch(self.proc)
+        except BaseException:  # unwatched, it would outlive us: stop it now
+            self.kill()
+            raise
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
